@@ -1,0 +1,25 @@
+# The README's two commands: `make demo` (the main job on the tiny preset) and `make test`.
+# Both create .venv and install what they need on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.sdvg-installed
+
+.PHONY: venv test lint demo clean
+
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements-dev.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -1,0 +1,25 @@
+"""ComfyUI V3 adapters for the SDVG engine.
+
+Only ``comfy_entrypoint`` is exported (never ``NODE_CLASS_MAPPINGS`` as well: ComfyUI would ignore the
+entrypoint). ComfyUI's own modules are imported lazily, inside the entrypoint, so importing this package
+outside ComfyUI (tests, CLI) never touches the host.
+"""
+
+from __future__ import annotations
+
+
+def node_classes() -> list[type]:
+    """The V3 node classes of this pack (imports ``comfy_api``; call only inside ComfyUI or with a stub)."""
+    return []
+
+
+async def comfy_entrypoint():
+    from comfy_api.latest import ComfyExtension
+
+    classes = node_classes()
+
+    class SDVGExtension(ComfyExtension):
+        async def get_node_list(self) -> list[type]:
+            return classes
+
+    return SDVGExtension()

@@ -1,0 +1,90 @@
+"""The pack layout: the engine imports as a top-level package and as a subpackage loaded by file path."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+HOST_MODULES = {"comfy", "comfy_api", "comfy_extras", "folder_paths", "server", "nodes", "execution", "latent_preview"}
+
+
+def test_engine_imports_top_level():
+    import sdvg
+
+    assert sdvg.__version__
+    assert issubclass(sdvg.ConfigError, ValueError)
+
+
+def _absolute_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_engine_never_imports_comfyui_and_uses_relative_imports():
+    for path in sorted((REPO / "sdvg").rglob("*.py")):
+        imported = _absolute_imports(path)
+        assert not imported & HOST_MODULES, f"{path} imports a ComfyUI module: {imported & HOST_MODULES}"
+        assert "sdvg" not in imported, f"{path} imports 'sdvg' absolutely; use relative imports"
+
+
+def test_pack_imports_by_path_like_comfyui():
+    """ComfyUI loads a pack with spec_from_file_location under its path with '.' replaced by '_x_'."""
+    module_name = str(REPO).replace(".", "_x_")
+    spec = importlib.util.spec_from_file_location(
+        module_name, REPO / "__init__.py", submodule_search_locations=[str(REPO)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+        assert module.WEB_DIRECTORY == "./web"
+        assert callable(module.comfy_entrypoint)
+        assert not hasattr(module, "NODE_CLASS_MAPPINGS"), "export comfy_entrypoint or NODE_CLASS_MAPPINGS, not both"
+        engine = importlib.import_module(f"{module_name}.sdvg")
+        assert engine.__name__ == f"{module_name}.sdvg"
+        import sdvg as top_level
+
+        assert engine is not top_level and engine.__version__ == top_level.__version__
+        errors = importlib.import_module(f"{module_name}.sdvg.errors")
+        assert issubclass(errors.ConfigError, ValueError)
+    finally:
+        for name in [n for n in sys.modules if n == module_name or n.startswith(module_name + ".")]:
+            del sys.modules[name]
+
+
+def test_packaging_metadata():
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    project, comfy = meta["project"], meta["tool"]["comfy"]
+    for key in ("name", "version", "description", "license", "dependencies"):
+        assert key in project
+    for key in ("PublisherId", "DisplayName", "Icon"):
+        assert comfy.get(key)
+    assert "web" not in comfy, "[tool.comfy] web would load the JS twice alongside WEB_DIRECTORY"
+    reqs = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    names = {r.split(">")[0].split("=")[0].split("<")[0].strip().lower() for r in reqs if r}
+    assert not names & {"torch", "torchvision", "torchaudio"}
+    assert {"diffusers", "transformers", "safetensors", "numpy", "pillow", "av"} <= names
+    deps = {d.split(">")[0].split("=")[0].strip().lower() for d in project["dependencies"]}
+    assert deps == names, "pyproject dependencies and requirements.txt must list the same packages"
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert "make test" in ci.splitlines()[-1]
+    assert "make test" in readme
+    constraints = (REPO / "constraints.txt").read_text()
+    pins = [line.strip() for line in constraints.splitlines() if line.strip() and not line.startswith("#")]
+    assert "torch==2.13.0" in pins
+    assert not any(p.startswith("torchvision") for p in pins)
