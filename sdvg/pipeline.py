@@ -1,0 +1,132 @@
+"""The model bundle a sampler runs on, and loading it from files or a ComfyUI-style models tree."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .devices import resolve_device
+from .errors import ConfigError, ModelFileError
+
+logger = logging.getLogger(__name__)
+
+MODEL_FOLDERS = {
+    "drafter": "diffusion_models",
+    "target": "diffusion_models",
+    "vae": "vae",
+    "text_encoder": "text_encoders",
+    "reward": "image_reward",
+}
+# File-name hints used to pick files from a models tree when no explicit file is given.
+NAME_HINTS = {
+    "drafter": ("sdvg_tiny_drafter", "self_forcing", "drafter"),
+    "target": ("sdvg_tiny_target", "krea", "target"),
+    "vae": ("sdvg_tiny_vae", "wan_2.1_vae", "wan2.1_vae", "vae"),
+    "text_encoder": ("sdvg_tiny_umt5", "umt5", "t5"),
+    "reward": ("sdvg_tiny_image_reward", "imagereward", "image_reward"),
+}
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".sft", ".bin")
+
+
+@dataclass
+class SDVGModels:
+    """Everything one generation needs. Any DiT may be ``None`` when the routing mode never calls it."""
+
+    target: torch.nn.Module | None
+    drafter: torch.nn.Module | None
+    vae: object
+    text_encoder: object | None = None
+    reward: object | None = None
+
+    @property
+    def target_device(self) -> torch.device | None:
+        return _module_device(self.target)
+
+    @property
+    def drafter_device(self) -> torch.device | None:
+        return _module_device(self.drafter)
+
+
+def _module_device(module: torch.nn.Module | None) -> torch.device | None:
+    if module is None:
+        return None
+    for p in module.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def find_model_file(models_dir: str | Path, role: str) -> Path:
+    """Pick the file for ``role`` from a ComfyUI-style models tree by folder and name hints."""
+    folder = Path(models_dir) / MODEL_FOLDERS[role]
+    if not folder.is_dir():
+        raise ModelFileError(
+            f"No '{MODEL_FOLDERS[role]}' folder in {models_dir} (needed for the {role}). "
+            "Pass the file explicitly or run `python -m sdvg make-tiny DIR` for the tiny preset."
+        )
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in WEIGHT_SUFFIXES or (p / "config.json").is_file())
+    for hint in NAME_HINTS[role]:
+        matches = [p for p in files if hint in p.name.lower()]
+        if matches:
+            return matches[0]
+    raise ModelFileError(
+        f"Could not find a {role} file in {folder} (looked for names containing {', '.join(NAME_HINTS[role])}). "
+        f"Found: {', '.join(p.name for p in files) or 'nothing'}. Pass the file explicitly."
+    )
+
+
+def load_models(
+    models_dir: str | Path | None = None,
+    *,
+    drafter: str | Path | None = None,
+    target: str | Path | None = None,
+    vae: str | Path | None = None,
+    text_encoder: str | Path | None = None,
+    reward: str | Path | None = None,
+    need: tuple[str, ...] = ("drafter", "target", "vae", "text_encoder", "reward"),
+    dit_device: str = "auto",
+    aux_device: str = "auto",
+    dtype: str = "auto",
+) -> SDVGModels:
+    """Load the models named in ``need``: explicit files win, the rest is looked up in ``models_dir``."""
+    from .reward import ImageReward
+    from .text_encoder import TextEncoder
+    from .vae import StreamingVAE
+    from .wan_loading import load_dit
+
+    explicit = {"drafter": drafter, "target": target, "vae": vae, "text_encoder": text_encoder, "reward": reward}
+    paths: dict[str, Path] = {}
+    for role in need:
+        if explicit[role] is not None:
+            paths[role] = Path(explicit[role])
+        elif models_dir is not None:
+            paths[role] = find_model_file(models_dir, role)
+        else:
+            raise ConfigError(f"No {role} file given and no models folder to look in.")
+        if not paths[role].exists():
+            raise ModelFileError(f"The {role} file {paths[role]} does not exist.")
+    dit_dev = resolve_device(dit_device, what="DiTs")
+    aux_dev = resolve_device(aux_device, what="text encoder, VAE and reward model")
+    aux_dtype = torch.float32 if aux_dev.type == "cpu" else torch.bfloat16
+    logger.info("loading models: %s", {k: str(v) for k, v in paths.items()})
+    return SDVGModels(
+        target=load_dit(paths["target"], dtype=dtype, device=dit_dev) if "target" in paths else None,
+        drafter=load_dit(paths["drafter"], dtype=dtype, device=dit_dev) if "drafter" in paths else None,
+        vae=StreamingVAE.load(paths["vae"], device=aux_dev, dtype=aux_dtype),
+        text_encoder=(
+            TextEncoder.load(paths["text_encoder"], device=aux_dev, dtype=aux_dtype) if "text_encoder" in paths else None
+        ),
+        reward=ImageReward.load(paths["reward"], device=aux_dev) if "reward" in paths else None,
+    )
+
+
+def roles_needed(mode: str) -> tuple[str, ...]:
+    """Which models a routing mode uses (``target-only`` needs no drafter and no reward)."""
+    base = ("vae", "text_encoder")
+    if mode == "target-only":
+        return ("target", *base)
+    if mode in ("random", "draft-only"):
+        return ("drafter", "target", *base)
+    return ("drafter", "target", *base, "reward")
