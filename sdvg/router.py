@@ -1,0 +1,339 @@
+"""Pure routing logic: accept a drafted block or send it to the target.
+
+No models here; torch is only touched to turn score tensors into floats. The sampler's contract:
+
+1. ``reason = router.forced_target(b)``: when not None the target generates block ``b`` without a draft
+   (block 0 with ``force_reject_first``; every block in ``target-only`` mode). ``router.decide(b)`` then returns
+   the matching reject record.
+2. Otherwise draft and decode. If ``router.needs_scores(b)``, score the frames (``reward`` mode) and call
+   ``router.decide(b, scores)`` (or ``router.decide_streaming(b, reward.score_chunks(...))`` for early exit);
+   other modes call ``router.decide(b)`` without scores.
+3. After the target produced a block (forced or rejected) and ``router.wants_reference_score(b)``, score the
+   target's frames and call ``router.observe_reference(b, scores)`` (``relative`` threshold only).
+
+Threshold rules (``q`` is the aggregated block score, accept iff ``q >= threshold``):
+
+* ``fixed``: threshold = ``tau``. ``tau = +inf`` always rejects, ``tau = -inf`` always accepts (allowed on purpose).
+* ``target-rate``: the authors' running percentile. With ``eff = min(0.95, rate * N / (N - 1))`` when the number
+  of blocks ``N`` is known and block 0 is force-rejected (else ``eff = rate``), the threshold is the empirical
+  ``1 - eff`` quantile (linear interpolation) of the aggregated scores of all *earlier* drafted blocks; while fewer
+  than ``prior_count`` are known it is the Gaussian prior quantile ``prior_mean + prior_std * Phi^-1(1 - eff)``.
+* ``relative``: threshold = ``reference - delta`` where the reference is the aggregated score of the target's own
+  output for the first target block (block 0). Without a reference yet a draft is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .errors import ConfigError
+
+MODES = ("reward", "random", "draft-only", "target-only")
+AGGREGATIONS = ("min", "mean", "quantile")
+THRESHOLDS = ("fixed", "target-rate", "relative")
+MAX_EFFECTIVE_RATE = 0.95
+FORCE_FIRST_REASON = "force-reject block 0: anchors composition"
+TARGET_ONLY_REASON = "target-only mode"
+
+
+@dataclass
+class RouterConfig:
+    mode: str = "reward"
+    tau: float = -0.7
+    aggregation: str = "min"
+    q: float = 0.1  # quantile for aggregation="quantile"
+    threshold: str = "fixed"
+    target_rate: float = 0.72
+    prior_mean: float = 0.566414
+    prior_std: float = 1.070617
+    prior_count: int = 5
+    delta: float = 0.5
+    force_reject_first: bool = True
+    random_rate: float = 0.5  # acceptance probability in random mode
+    seed: int = 0
+    early_exit: bool = False
+    num_blocks: int | None = None  # known length of the generation (target-rate correction)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RouterConfig:
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(f"Unknown router setting(s) {unknown}. Valid settings: {', '.join(names)}.")
+        return cls(**dict(data)).validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: _json_float(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+    def validate(self) -> RouterConfig:
+        """Check every setting; raises ConfigError naming the bad value and the valid choices. Returns self."""
+        for name, valid in (("mode", MODES), ("aggregation", AGGREGATIONS), ("threshold", THRESHOLDS)):
+            value = getattr(self, name)
+            if value not in valid:
+                raise ConfigError(f"Unknown router {name} {value!r}. Valid: {', '.join(valid)}.")
+        if not _is_real(self.tau):
+            raise ConfigError(f"Router tau must be a number, got {self.tau!r}.")
+        if math.isnan(self.tau):
+            raise ConfigError("Router tau is NaN. Use a number; +inf rejects every draft, -inf accepts every draft.")
+        for name in ("q", "target_rate", "prior_mean", "prior_std", "delta", "random_rate"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise ConfigError(f"Router {name} must be a finite number, got {value!r}.")
+        if not 0.0 < self.q < 1.0:
+            raise ConfigError(f"Router quantile q must be strictly between 0 and 1, got {self.q}.")
+        for name in ("target_rate", "random_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"Router {name} must be in [0, 1], got {value}.")
+        if self.prior_std < 0:
+            raise ConfigError(f"Router prior_std must be >= 0, got {self.prior_std}.")
+        if self.delta < 0:
+            raise ConfigError(f"Router delta (relative margin) must be >= 0, got {self.delta}.")
+        for name in ("prior_count", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"Router {name} must be a non-negative integer, got {value!r}.")
+        if self.num_blocks is not None and (
+            isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
+        ):
+            raise ConfigError(f"Router num_blocks must be a positive integer or None, got {self.num_blocks!r}.")
+        for name in ("force_reject_first", "early_exit"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"Router {name} must be true or false, got {getattr(self, name)!r}.")
+        return self
+
+
+@dataclass
+class RouteRecord:
+    """One routing decision. ``tau`` is the threshold in force (None when no threshold applied)."""
+
+    block: int
+    decision: str  # "accept" | "reject"
+    reason: str
+    q: float | None = None
+    scores: list[float] = field(default_factory=list)
+    tau: float | None = None
+    aggregation: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.decision == "accept"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict: non-finite floats become the strings "inf", "-inf" or "nan" (strict JSON has none)."""
+        return {
+            "block": self.block,
+            "decision": self.decision,
+            "reason": self.reason,
+            "q": _json_float(self.q),
+            "scores": [_json_float(s) for s in self.scores],
+            "tau": _json_float(self.tau),
+            "aggregation": self.aggregation,
+        }
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _json_float(value: float | None) -> float | str | None:
+    if value is None:
+        return None
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _fmt(value: float) -> str:
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return f"{value:.2f}"
+
+
+def to_float_list(scores: Any) -> list[float]:
+    """Scores (tensor, numpy array, sequence, scalar) → list of Python floats."""
+    if scores is None:
+        return []
+    if hasattr(scores, "detach"):  # torch tensor
+        return [float(s) for s in scores.detach().float().cpu().reshape(-1).tolist()]
+    if hasattr(scores, "tolist"):
+        out = scores.tolist()
+        return [float(s) for s in (out if isinstance(out, list) else [out])]
+    if isinstance(scores, (int, float)):
+        return [float(scores)]
+    return [float(s) for s in scores]
+
+
+def quantile(values: Sequence[float], p: float) -> float:
+    """Empirical quantile with linear interpolation between order statistics (numpy's default method)."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("quantile of no values")
+    pos = p * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def aggregate(scores: Sequence[float], how: str, q: float = 0.1) -> float:
+    if how == "min":
+        return min(scores)
+    if how == "mean":
+        return math.fsum(scores) / len(scores)
+    if how == "quantile":
+        return quantile(scores, q)
+    raise ConfigError(f"Unknown aggregation {how!r}. Valid: {', '.join(AGGREGATIONS)}.")
+
+
+class Router:
+    def __init__(self, config: RouterConfig | None = None):
+        self.config = (config or RouterConfig()).validate()
+        self._rng = random.Random(self.config.seed)
+        self.history: list[float] = []  # aggregated scores of drafted blocks, in decision order
+        self.reference: float | None = None
+        self.records: list[RouteRecord] = []
+
+    # ---- questions the sampler asks ------------------------------------------------------------------------
+    def forced_target(self, block: int) -> str | None:
+        if self.config.mode == "target-only":
+            return TARGET_ONLY_REASON
+        if block == 0 and self.config.force_reject_first:
+            return FORCE_FIRST_REASON
+        return None
+
+    def needs_scores(self, block: int) -> bool:
+        return self.config.mode == "reward" and self.forced_target(block) is None
+
+    def wants_reference_score(self, block: int) -> bool:
+        return self.config.mode == "reward" and self.config.threshold == "relative" and self.reference is None
+
+    @property
+    def can_exit_early(self) -> bool:
+        c = self.config
+        return c.early_exit and c.mode == "reward" and c.aggregation == "min" and c.threshold == "fixed"
+
+    @property
+    def acceptance(self) -> float | None:
+        """Fraction of decided blocks that were accepted (forced blocks count as rejected); None before any."""
+        return sum(r.accepted for r in self.records) / len(self.records) if self.records else None
+
+    # ---- observations --------------------------------------------------------------------------------------
+    def observe_reference(self, block: int, scores: Any) -> float:
+        """Aggregate the target's own output for ``block``; the first one becomes the relative reference."""
+        values = to_float_list(scores)
+        if not values:
+            raise ConfigError(f"observe_reference(block {block}) got no scores.")
+        value = aggregate(values, self.config.aggregation, self.config.q)
+        if self.reference is None and math.isfinite(value):
+            self.reference = value
+        return value
+
+    # ---- thresholds ----------------------------------------------------------------------------------------
+    def effective_rate(self) -> float:
+        c = self.config
+        n = c.num_blocks
+        if n is not None and n > 1 and c.force_reject_first:
+            return min(MAX_EFFECTIVE_RATE, c.target_rate * n / (n - 1))
+        return c.target_rate
+
+    def current_threshold(self) -> tuple[float | None, str]:
+        """(threshold, how it was obtained) for the next drafted block."""
+        c = self.config
+        if c.threshold == "fixed":
+            return c.tau, f"τ={_fmt(c.tau)}"
+        if c.threshold == "relative":
+            if self.reference is None:
+                return None, "no reference score yet"
+            thr = self.reference - c.delta
+            return thr, f"τ=ref {_fmt(self.reference)} − δ {_fmt(c.delta)} = {_fmt(thr)}"
+        eff = self.effective_rate()
+        if eff >= 1.0:
+            return -math.inf, f"τ=-inf (target rate {eff:.2f})"
+        if eff <= 0.0:
+            return math.inf, f"τ=+inf (target rate {eff:.2f})"
+        if len(self.history) < c.prior_count or not self.history:
+            if c.prior_std == 0:
+                thr = c.prior_mean
+            else:
+                thr = statistics.NormalDist(c.prior_mean, c.prior_std).inv_cdf(1.0 - eff)
+            return thr, f"τ={_fmt(thr)} (prior N({c.prior_mean:.3g}, {c.prior_std:.3g}), rate {eff:.2f})"
+        thr = quantile(self.history, 1.0 - eff)
+        return thr, f"τ={_fmt(thr)} ({1 - eff:.2f} quantile of {len(self.history)} past scores, rate {eff:.2f})"
+
+    # ---- decisions -----------------------------------------------------------------------------------------
+    def _record(self, rec: RouteRecord) -> RouteRecord:
+        self.records.append(rec)
+        return rec
+
+    def decide(self, block: int, scores: Any = None) -> RouteRecord:
+        c = self.config
+        forced = self.forced_target(block)
+        if forced is not None:
+            return self._record(RouteRecord(block, "reject", forced, aggregation=None))
+        if c.mode == "draft-only":
+            return self._record(RouteRecord(block, "accept", "draft-only mode", scores=to_float_list(scores)))
+        if c.mode == "random":
+            draw = self._rng.random()
+            ok = draw < c.random_rate
+            reason = f"random draw {draw:.3f} {'<' if ok else '≥'} rate {c.random_rate:.2f}"
+            return self._record(
+                RouteRecord(block, "accept" if ok else "reject", reason, scores=to_float_list(scores))
+            )
+        values = to_float_list(scores)
+        if not values:
+            raise ConfigError(f"Router in reward mode needs the frame scores of block {block}; got none.")
+        return self._record(self._decide_scores(block, values))
+
+    def _decide_scores(self, block: int, values: list[float], *, note: str = "") -> RouteRecord:
+        c = self.config
+        agg_text = "min" if c.aggregation == "min" else ("mean" if c.aggregation == "mean" else f"q{c.q:g}")
+        desc = f"{agg_text} of {len(values)} frames{note}"
+        if any(math.isnan(v) for v in values):
+            return RouteRecord(block, "reject", f"non-finite frame score ({desc})", math.nan, values, None,
+                               c.aggregation)  # fmt: skip
+        q = aggregate(values, c.aggregation, c.q)
+        thr, how = self.current_threshold()
+        self.history.append(q)
+        if thr is None:
+            return RouteRecord(block, "reject", f"q={_fmt(q)}, {how} ({desc})", q, values, None, c.aggregation)
+        ok = q >= thr
+        reason = f"q={_fmt(q)} {'≥' if ok else '<'} {how} ({desc})"
+        return RouteRecord(block, "accept" if ok else "reject", reason, q, values, thr, c.aggregation)
+
+    def decide_streaming(self, block: int, chunks: Iterable[Any]) -> RouteRecord:
+        """Decide from per-chunk score tensors (e.g. ``ImageReward.score_chunks``).
+
+        With ``early_exit`` on, min aggregation and a fixed threshold, scoring stops at the first chunk holding a
+        frame below τ (the decision equals the full one: one such frame already rejects the block); the record
+        then holds the scores seen so far and ``q`` is their minimum. Otherwise every chunk is consumed.
+        """
+        if self.forced_target(block) is not None or not self.needs_scores(block):
+            return self.decide(block)
+        values: list[float] = []
+        iterator = iter(chunks)
+        if self.can_exit_early:
+            tau = self.config.tau
+            for chunk in iterator:
+                start = len(values)
+                values.extend(to_float_list(chunk))
+                bad = next((i for i in range(start, len(values)) if values[i] < tau or math.isnan(values[i])), None)
+                if bad is not None:
+                    close = getattr(iterator, "close", None)
+                    if close is not None:
+                        close()
+                    note = f"; early exit at frame {bad}"
+                    return self._record(self._decide_scores(block, values, note=note))
+        else:
+            for chunk in iterator:
+                values.extend(to_float_list(chunk))
+        if not values:
+            raise ConfigError(f"Router in reward mode needs the frame scores of block {block}; got none.")
+        return self._record(self._decide_scores(block, values))
