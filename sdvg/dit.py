@@ -1,0 +1,286 @@
+"""Causal block forward for the Wan 2.1 DiT on top of diffusers' ``WanTransformer3DModel``.
+
+Same constructor, config and state-dict names as diffusers; only the forward is ours. Numerics follow the
+reference causal models: fp32 RMS norm (cast back before the weight), fp64 sinusoidal timestep embedding,
+fp64 RoPE tables (applied in fp32) with a temporal frame offset, per-frame modulation, and K/V kept after RoPE.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+
+from .errors import ConfigError
+from .kv_cache import CrossAttnCache, SelfKVCache
+
+logger = logging.getLogger(__name__)
+
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+_ROPE_CACHE_MAX = 16
+
+
+def _wide_float(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``[cos, sin]`` timestep embedding (diffusers ``Timesteps(flip_sin_to_cos=True, shift=0)``) in float64."""
+    wide = _wide_float(t.device)
+    half = dim // 2
+    freqs = torch.pow(10000.0, -torch.arange(half, device=t.device, dtype=wide) / half)
+    ang = t.to(wide).reshape(-1, 1) * freqs.reshape(1, -1)
+    emb = torch.cat([torch.cos(ang), torch.sin(ang)], dim=-1)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
+
+
+def _rms(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """RMS norm in fp32, cast back, then the affine weight (reference ``WanRMSNorm`` order)."""
+    eps = norm.eps if getattr(norm, "eps", None) is not None else torch.finfo(torch.float32).eps
+    y = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    w = getattr(norm, "weight", None)
+    return y * w.to(x.dtype) if w is not None else y
+
+
+class CausalWanTransformer(WanTransformer3DModel):
+    """``WanTransformer3DModel`` with a block-causal, KV-cached forward (``forward_block``)."""
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Activation dtype (the patch embedding is never fp8-cast by layerwise casting)."""
+        dt = self.patch_embedding.weight.dtype
+        return torch.bfloat16 if dt.itemsize == 1 else dt
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.config.attention_head_dim)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.config.num_attention_heads)
+
+    def tokens_per_frame(self, h: int, w: int) -> int:
+        _, ph, pw = self.config.patch_size
+        if h % ph or w % pw:
+            raise ConfigError(f"Latent size {h}x{w} is not divisible by the patch size {ph}x{pw}.")
+        return (h // ph) * (w // pw)
+
+    def new_kv_cache(
+        self, *, batch: int, latent_hw: tuple[int, int], capacity_frames: int, rolling: bool = False,
+        sink_frames: int = 0, device=None, dtype: torch.dtype | None = None,
+    ) -> SelfKVCache:
+        """Allocate a self-attention cache sized for this model."""
+        return SelfKVCache(
+            num_layers=len(self.blocks), batch=batch, tokens_per_frame=self.tokens_per_frame(*latent_hw),
+            capacity_frames=capacity_frames, heads=self.num_heads, head_dim=self.head_dim,
+            device=device if device is not None else self.patch_embedding.weight.device,
+            dtype=dtype or self.compute_dtype, rolling=rolling, sink_frames=sink_frames,
+        )
+
+    def _rope(self, f: int, h: int, w: int, offset: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[L, 1, head_dim/2]`` (fp32) for frames offset..offset+f, built from fp64 angles."""
+        key = (f, h, w, int(offset), str(device))
+        cache = self.__dict__.setdefault("_sdvg_rope_cache", {})
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        d = self.head_dim
+        dh = dw = 2 * (d // 6)
+        dt = d - dh - dw
+        theta = 10000.0
+
+        def angles(dim: int, pos: torch.Tensor) -> torch.Tensor:
+            inv = 1.0 / torch.pow(theta, torch.arange(0, dim, 2, dtype=torch.float64)[: dim // 2] / dim)
+            return pos.to(torch.float64).reshape(-1, 1) * inv.reshape(1, -1)
+
+        at = angles(dt, torch.arange(offset, offset + f))
+        ah = angles(dh, torch.arange(h))
+        aw = angles(dw, torch.arange(w))
+        ang = torch.cat(
+            [
+                at[:, None, None, :].expand(f, h, w, -1),
+                ah[None, :, None, :].expand(f, h, w, -1),
+                aw[None, None, :, :].expand(f, h, w, -1),
+            ],
+            dim=-1,
+        ).reshape(f * h * w, 1, d // 2)
+        out = (torch.cos(ang).to(device, torch.float32), torch.sin(ang).to(device, torch.float32))
+        if len(cache) >= _ROPE_CACHE_MAX:
+            cache.pop(next(iter(cache)))
+        cache[key] = out
+        return out
+
+    @staticmethod
+    def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate consecutive pairs of ``x [B, L, H, D]`` (complex form of the reference)."""
+        xf = x.float().unflatten(-1, (-1, 2))
+        x1, x2 = xf[..., 0], xf[..., 1]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """SDPA on ``[B, L, H, D]`` tensors."""
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        return out.transpose(1, 2)
+
+    # ------------------------------------------------------------------ conditioning
+    @torch.inference_mode()
+    def prepare_cross_attention(self, prompt_embeds: torch.Tensor) -> CrossAttnCache:
+        """Text embedder once, then per-layer cross-attention K (normed) and V."""
+        dev = self.patch_embedding.weight.device
+        ctx = prompt_embeds.to(dev, self.compute_dtype)
+        ctx = self.condition_embedder.text_embedder(ctx)
+        ks, vs = [], []
+        for blk in self.blocks:
+            attn = blk.attn2
+            if attn.add_k_proj is not None:
+                raise ConfigError("Image-conditioned (I2V) Wan checkpoints are not supported; use a T2V DiT.")
+            if getattr(attn, "fused_projections", False):
+                k, v = attn.to_kv(ctx).chunk(2, dim=-1)
+            else:
+                k, v = attn.to_k(ctx), attn.to_v(ctx)
+            k = _rms(attn.norm_k, k)
+            ks.append(k.unflatten(2, (attn.heads, -1)))
+            vs.append(v.unflatten(2, (attn.heads, -1)))
+        return CrossAttnCache(ks, vs)
+
+    def _time(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-frame ``temb [B, F, dim]`` and ``e [B, F, 6, dim]`` (fp32) from ``t [B, F]``."""
+        ce = self.condition_embedder
+        b, f = t.shape
+        emb = sinusoidal_embedding(t.reshape(-1), ce.timesteps_proj.num_channels)
+        lin = ce.time_embedder.linear_1.weight
+        emb = emb.to(lin.dtype if lin.dtype.itemsize > 1 else self.compute_dtype)
+        temb = ce.time_embedder(emb)
+        proj = ce.time_proj(ce.act_fn(temb.to(self.compute_dtype)))
+        return temb.float().reshape(b, f, -1), proj.float().reshape(b, f, 6, -1)
+
+    # ------------------------------------------------------------------ core
+    def _self_qkv(self, attn, x: torch.Tensor, cos, sin):
+        if getattr(attn, "fused_projections", False):
+            q, k, v = attn.to_qkv(x).chunk(3, dim=-1)
+        else:
+            q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+        q = _rms(attn.norm_q, q).unflatten(2, (attn.heads, -1))
+        k = _rms(attn.norm_k, k).unflatten(2, (attn.heads, -1))
+        v = v.unflatten(2, (attn.heads, -1))
+        return self._apply_rope(q, cos, sin), self._apply_rope(k, cos, sin), v
+
+    def _layer(self, i: int, x, e, rope, cross: CrossAttnCache, attend: AttendFn, f: int) -> torch.Tensor:
+        blk = self.blocks[i]
+        b, n, dim = x.shape
+        mod = (blk.scale_shift_table.float().unsqueeze(1) + e).unsqueeze(3)  # [B, F, 6, 1, dim]
+        shift, scale, gate, c_shift, c_scale, c_gate = mod.unbind(2)
+        xf = x.view(b, f, n // f, dim)
+        h = (blk.norm1(xf.float()) * (1 + scale) + shift).to(x.dtype).view(b, n, dim)
+        q, k, v = self._self_qkv(blk.attn1, h, *rope)
+        a = attend(i, q, k, v).flatten(2).to(x.dtype)
+        a = blk.attn1.to_out[0](a)
+        x = (xf.float() + a.view(b, f, n // f, dim).float() * gate).to(x.dtype).view(b, n, dim)
+        # cross-attention (cached K/V)
+        attn2 = blk.attn2
+        h = blk.norm2(x.float()).to(x.dtype)
+        q2 = _rms(attn2.norm_q, attn2.to_q(h)).unflatten(2, (attn2.heads, -1))
+        c = self._sdpa(q2, cross.k[i], cross.v[i]).flatten(2).to(x.dtype)
+        x = x + attn2.to_out[0](c)
+        # feed-forward
+        xf = x.view(b, f, n // f, dim)
+        h = (blk.norm3(xf.float()) * (1 + c_scale) + c_shift).to(x.dtype).view(b, n, dim)
+        y = blk.ffn(h)
+        return (xf.float() + y.view(b, f, n // f, dim).float() * c_gate).to(x.dtype).view(b, n, dim)
+
+    def _run(
+        self, x: torch.Tensor, t: torch.Tensor, cross: CrossAttnCache, frame_offset: int, attend: AttendFn
+    ) -> torch.Tensor:
+        bsz, _, f, hh, ww = x.shape
+        pt, ph, pw = self.config.patch_size
+        if pt != 1:
+            raise ConfigError("Only temporal patch size 1 is supported (Wan 2.1 uses (1, 2, 2)).")
+        if t.shape != (bsz, f):
+            raise ConfigError(f"Timesteps must have shape [B, F] = [{bsz}, {f}], got {tuple(t.shape)}.")
+        if len(cross) != len(self.blocks):
+            raise ConfigError("The cross-attention cache was prepared by a different model.")
+        gh, gw = hh // ph, ww // pw
+        x = x.to(self.compute_dtype)
+        h = self.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
+        temb, e = self._time(t)
+        rope = self._rope(f, gh, gw, frame_offset, h.device)
+        for i in range(len(self.blocks)):
+            h = self._layer(i, h, e, rope, cross, attend, f)
+        # output head with per-frame shift/scale
+        n, dim = h.shape[1], h.shape[2]
+        shift, scale = (self.scale_shift_table.float().unsqueeze(1) + temb.unsqueeze(2)).unbind(2)
+        hf = h.view(bsz, f, n // f, dim)
+        h = (self.norm_out(hf.float()) * (1 + scale.unsqueeze(2)) + shift.unsqueeze(2)).to(h.dtype)
+        out = self.proj_out(h.view(bsz, n, dim))
+        out = out.reshape(bsz, f, gh, gw, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+    @torch.inference_mode()
+    def forward_block(
+        self, x: torch.Tensor, t: torch.Tensor, self_kv: SelfKVCache | None, cross: CrossAttnCache, *,
+        frame_offset: int = 0, write: bool = True, cache_frame: int | None = None,
+    ) -> torch.Tensor:
+        """Flow prediction for one block ``x [B,C,f,h,w]`` at per-frame timesteps ``t [B,f]``.
+
+        Queries attend to the cached K/V of earlier frames plus the block itself (no mask). ``frame_offset`` is
+        the RoPE frame position of the block's first frame; ``cache_frame`` its logical frame index in the cache
+        (defaults to ``frame_offset``). ``write=True`` stores the block's K/V in its slots (same-slot overwrite
+        on a re-run); ``write=False`` leaves the cache untouched.
+        """
+        f = x.shape[2]
+        if self_kv is None:
+            def attend(i, q, k, v):
+                return self._sdpa(q, k, v)
+        elif write:
+            slots = self_kv.begin_write(frame_offset if cache_frame is None else cache_frame, f)
+
+            def attend(i, q, k, v):
+                kc, vc = self_kv.layer(i)
+                kc[:, slots.start:slots.end].copy_(k)
+                vc[:, slots.start:slots.end].copy_(v)
+                return self._sdpa(q, kc[:, slots.attend_start:slots.end], vc[:, slots.attend_start:slots.end])
+        else:
+            prefix = self_kv.prefix_tokens(frame_offset if cache_frame is None else cache_frame)
+
+            def attend(i, q, k, v):
+                kc, vc = self_kv.layer(i)
+                return self._sdpa(q, torch.cat([kc[:, :prefix], k], 1), torch.cat([vc[:, :prefix], v], 1))
+
+        return self._run(x, t, cross, frame_offset, attend)
+
+    @staticmethod
+    def block_causal_mask(num_frames: int, tokens_per_frame: int, frames_per_block: int, device=None) -> torch.Tensor:
+        """Boolean ``[L, L]`` mask: a token sees every token of its own and earlier blocks."""
+        blk = torch.arange(num_frames, device=device).div(frames_per_block, rounding_mode="floor")
+        blk = blk.repeat_interleave(tokens_per_frame)
+        return blk.unsqueeze(1) >= blk.unsqueeze(0)
+
+    @torch.inference_mode()
+    def forward_blockwise_masked(
+        self, x: torch.Tensor, t: torch.Tensor, cross: CrossAttnCache, frames_per_block: int = 3, *,
+        frame_offset: int = 0, self_kv: SelfKVCache | None = None, cache_frame: int | None = None,
+    ) -> torch.Tensor:
+        """Non-cached forward over ``x [B,C,F,h,w]`` with a block-causal mask; optionally writes all K/V."""
+        f, hh, ww = x.shape[2:]
+        tpf = self.tokens_per_frame(hh, ww)
+        mask = self.block_causal_mask(f, tpf, frames_per_block, device=self.patch_embedding.weight.device)
+        slots = None
+        if self_kv is not None:
+            slots = self_kv.begin_write(frame_offset if cache_frame is None else cache_frame, f)
+
+        def attend(i, q, k, v):
+            if slots is not None:
+                kc, vc = self_kv.layer(i)
+                kc[:, slots.start:slots.end].copy_(k)
+                vc[:, slots.start:slots.end].copy_(v)
+            return self._sdpa(q, k, v, mask)
+
+        return self._run(x, t, cross, frame_offset, attend)
