@@ -1,7 +1,7 @@
 """ComfyUI V3 adapters for the SDVG engine.
 
 Only ``comfy_entrypoint`` is exported (never ``NODE_CLASS_MAPPINGS`` as well: ComfyUI would ignore the
-entrypoint). ComfyUI's own modules are imported lazily, inside the entrypoint, so importing this package
+entrypoint). ComfyUI's own modules are imported lazily, inside ``node_classes``, so importing this package
 outside ComfyUI (tests, CLI) never touches the host.
 """
 
@@ -10,7 +10,22 @@ from __future__ import annotations
 
 def node_classes() -> list[type]:
     """The V3 node classes of this pack (imports ``comfy_api``; call only inside ComfyUI or with a stub)."""
-    return []
+    from .conditioning import SDVGTextEncode
+    from .loaders import SDVGModelLoader, SDVGRewardLoader, SDVGTextEncoderLoader, SDVGVAELoader
+    from .report import SDVGReport
+    from .router import SDVGRewardRouter
+    from .sampler import SDVGSpeculativeSampler
+
+    return [
+        SDVGModelLoader,
+        SDVGTextEncoderLoader,
+        SDVGVAELoader,
+        SDVGRewardLoader,
+        SDVGTextEncode,
+        SDVGRewardRouter,
+        SDVGSpeculativeSampler,
+        SDVGReport,
+    ]
 
 
 async def comfy_entrypoint():

@@ -1,0 +1,145 @@
+"""The few ComfyUI host services the nodes use, each behind one small function.
+
+Every access is guarded so the node code also runs under the test stub and in a bare Python (a missing host
+service degrades to a no-op, never to a crash). This module is the only place that knows where in ComfyUI a
+service lives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+IMAGE_REWARD_FOLDER = "image_reward"
+
+
+# --------------------------------------------------------------------------------------------- devices
+def device_options() -> list[str]:
+    """``auto``, ``cpu`` and one ``cuda:N`` per CUDA device that exists now (built at schema time)."""
+    options = ["auto", "cpu"]
+    try:
+        if torch.cuda.is_available():
+            options += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    except Exception:  # a broken CUDA install must not break the node list
+        logger.debug("CUDA device query failed", exc_info=True)
+    return options
+
+
+def model_management():
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return None
+    return mm
+
+
+def intermediate_device() -> torch.device:
+    mm = model_management()
+    if mm is not None and hasattr(mm, "intermediate_device"):
+        return mm.intermediate_device()
+    return torch.device("cpu")
+
+
+def free_memory_for(num_bytes: int, device: torch.device) -> None:
+    """Ask ComfyUI to make room for a load of ``num_bytes`` on ``device`` (CUDA only; never unloads everything)."""
+    mm = model_management()
+    if mm is None or device.type != "cuda" or not hasattr(mm, "free_memory"):
+        return
+    try:
+        mm.free_memory(int(num_bytes * 1.2), device)
+    except Exception:
+        logger.debug("free_memory failed", exc_info=True)
+
+
+def soft_empty_cache() -> None:
+    mm = model_management()
+    if mm is not None and hasattr(mm, "soft_empty_cache"):
+        mm.soft_empty_cache()
+
+
+def processing_interrupted() -> bool:
+    mm = model_management()
+    return bool(mm is not None and mm.processing_interrupted())
+
+
+def raise_if_interrupted() -> None:
+    """Raise ComfyUI's own interrupt exception when the user pressed Cancel (clears the flag)."""
+    mm = model_management()
+    if mm is not None:
+        mm.throw_exception_if_processing_interrupted()
+
+
+# --------------------------------------------------------------------------------------------- folders
+def folder_paths():
+    try:
+        import folder_paths as fp
+    except ImportError:
+        return None
+    return fp
+
+
+def ensure_image_reward_folder() -> None:
+    """Register ``models/image_reward`` once; a folder already declared (extra_model_paths.yaml) is kept as is."""
+    fp = folder_paths()
+    if fp is None:
+        return
+    if IMAGE_REWARD_FOLDER not in fp.folder_names_and_paths:
+        fp.add_model_folder_path(IMAGE_REWARD_FOLDER, os.path.join(fp.models_dir, IMAGE_REWARD_FOLDER))
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".sft", ".bin")
+
+
+def list_model_files(folder: str) -> list[str]:
+    """Weight files in a model folder (never tokenizer or vocab files that may sit beside them)."""
+    fp = folder_paths()
+    if fp is None:
+        return []
+    try:
+        names = fp.get_filename_list(folder)
+    except KeyError:
+        return []
+    return [n for n in names if n.lower().endswith(WEIGHT_SUFFIXES)]
+
+
+def full_model_path(folder: str, name: str) -> str:
+    from ..sdvg.errors import ModelFileError
+
+    fp = folder_paths()
+    path = None if fp is None else fp.get_full_path(folder, name)
+    if not path:
+        where = ", ".join(fp.get_folder_paths(folder)) if fp is not None and folder in fp.folder_names_and_paths else "?"
+        raise ModelFileError(
+            f"Model file '{name}' was not found in the '{folder}' folder ({where}). "
+            f"Put it there (or map '{folder}' in extra_model_paths.yaml) and press R to refresh the node lists."
+        )
+    return path
+
+
+# --------------------------------------------------------------------------------------------- server
+def prompt_server():
+    try:
+        from server import PromptServer
+    except ImportError:
+        return None
+    return getattr(PromptServer, "instance", None)
+
+
+def send_event(event: str, data: dict) -> None:
+    """Custom websocket event to the client that queued the running prompt (thread-safe in ComfyUI)."""
+    server = prompt_server()
+    if server is None:
+        return
+    server.send_sync(event, data, getattr(server, "client_id", None))
+
+
+def progress_bar(total: int, node_id: str | None):
+    try:
+        import comfy.utils
+    except ImportError:
+        return None
+    return comfy.utils.ProgressBar(total, node_id=node_id)

@@ -1,0 +1,193 @@
+"""Loader nodes: one file from a ComfyUI model folder → an SDVG socket value, cached across prompts."""
+
+from __future__ import annotations
+
+import os
+
+from comfy_api.latest import io
+
+from . import _cache, _host
+from .handles import OFFLOAD_POLICIES, AuxHandle, DiTHandle
+from .types import SDVG_DIT, SDVG_REWARD, SDVG_TEXT_ENCODER, SDVG_VAE
+
+DIT_DTYPES = ["auto", "bf16", "fp16", "fp32", "fp8_e4m3fn"]
+AUX_DTYPES = ["auto", "bf16", "fp16", "fp32"]
+CATEGORY = "SDVG/loaders"
+
+
+def _device_input(tooltip: str) -> io.Combo.Input:
+    return io.Combo.Input("device", options=_host.device_options(), default="auto", tooltip=tooltip)
+
+
+def _file_input(folder: str, what: str) -> io.Combo.Input:
+    return io.Combo.Input(
+        "model_name",
+        options=_host.list_model_files(folder),
+        tooltip=f"The {what} file, from the ComfyUI '{folder}' model folder (or the folders extra_model_paths.yaml maps to it).",
+    )
+
+
+def _resolve(device: str, what: str):
+    from ..sdvg.devices import resolve_device
+
+    return resolve_device(device, what=what)
+
+
+def _aux_dtype(dtype: str, device):
+    import torch
+
+    from ..sdvg.devices import parse_dtype
+
+    default = torch.float32 if device.type == "cpu" else torch.bfloat16
+    return parse_dtype(dtype, default=default)
+
+
+def _prepare_load(path: str, device) -> None:
+    _host.free_memory_for(os.path.getsize(path), device)
+
+
+class SDVGModelLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SDVGModelLoader",
+            display_name="SDVG Load Video DiT",
+            category=CATEGORY,
+            description=(
+                "Loads a causal Wan 2.1 DiT (Self-Forcing 1.3B drafter, Krea Realtime 14B target, or any "
+                "Self-Forcing-family file). Wire it to the sampler's drafter or target input: the input decides the role."
+            ),
+            inputs=[
+                _file_input("diffusion_models", "DiT checkpoint (.safetensors or .pt)"),
+                io.Combo.Input(
+                    "weight_dtype",
+                    options=DIT_DTYPES,
+                    default="auto",
+                    tooltip="Weight precision. auto = bf16 on GPU, fp32 on CPU. fp8_e4m3fn stores weights in 8 bits and computes in bf16 (about half the memory of bf16).",
+                ),
+                _device_input("Where the DiT runs. auto = cuda:0 when present. The paper keeps both DiTs on cuda:0."),
+                io.Combo.Input(
+                    "offload",
+                    options=list(OFFLOAD_POLICIES),
+                    default="keep_loaded",
+                    tooltip="keep_loaded: stay on the device between runs (fastest). offload_to_cpu_when_idle: move to CPU RAM after each run to free VRAM for other nodes.",
+                ),
+            ],
+            outputs=[SDVG_DIT.Output(display_name="dit", tooltip="The loaded DiT; connect to the sampler's drafter or target.")],
+        )
+
+    @classmethod
+    def execute(cls, model_name: str, weight_dtype: str, device: str, offload: str) -> io.NodeOutput:
+        from ..sdvg.errors import ConfigError
+        from ..sdvg.wan_loading import load_dit
+
+        if offload not in OFFLOAD_POLICIES:
+            raise ConfigError(f"Unknown offload policy {offload!r}; use one of {', '.join(OFFLOAD_POLICIES)}.")
+        path = _host.full_model_path("diffusion_models", model_name)
+        dev = _resolve(device, "DiT")
+
+        def load():
+            _prepare_load(path, dev)
+            return load_dit(path, dtype=weight_dtype, device=dev)
+
+        model = _cache.get_or_load("dit", path, weight_dtype, str(dev), load)
+        return io.NodeOutput(DiTHandle(model=model, file=model_name, dtype=weight_dtype, device=dev, offload=offload))
+
+
+class SDVGTextEncoderLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SDVGTextEncoderLoader",
+            display_name="SDVG Load UMT5 Text Encoder",
+            category=CATEGORY,
+            description="Loads the UMT5-XXL text encoder (encoder only) shared by the drafter and the target.",
+            inputs=[
+                _file_input("text_encoders", "UMT5-XXL text encoder"),
+                _device_input("Where the text encoder runs. The paper puts it on the second GPU (cuda:1) with the VAE and the reward model."),
+                io.Combo.Input("dtype", options=AUX_DTYPES, default="auto", tooltip="Compute precision. auto = bf16 on GPU, fp32 on CPU."),
+            ],
+            outputs=[SDVG_TEXT_ENCODER.Output(display_name="text_encoder", tooltip="The loaded UMT5 text encoder.")],
+        )
+
+    @classmethod
+    def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
+        from ..sdvg.text_encoder import TextEncoder
+
+        path = _host.full_model_path("text_encoders", model_name)
+        dev = _resolve(device, "text encoder")
+        torch_dtype = _aux_dtype(dtype, dev)
+
+        def load():
+            _prepare_load(path, dev)
+            return TextEncoder.load(path, device=dev, dtype=torch_dtype)
+
+        model = _cache.get_or_load("text_encoder", path, str(torch_dtype), str(dev), load)
+        return io.NodeOutput(AuxHandle(model=model, file=model_name, device=dev, kind="text_encoder"))
+
+
+class SDVGVAELoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SDVGVAELoader",
+            display_name="SDVG Load Wan VAE (streaming)",
+            category=CATEGORY,
+            description="Loads the Wan 2.1 VAE as a streaming decoder that decodes one block at a time and can roll back a rejected draft.",
+            inputs=[
+                _file_input("vae", "Wan 2.1 VAE"),
+                _device_input("Where the VAE decodes. The paper puts it on the second GPU (cuda:1)."),
+                io.Combo.Input("dtype", options=AUX_DTYPES, default="auto", tooltip="Compute precision. auto = bf16 on GPU, fp32 on CPU."),
+            ],
+            outputs=[SDVG_VAE.Output(display_name="vae", tooltip="The loaded streaming Wan VAE.")],
+        )
+
+    @classmethod
+    def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
+        from ..sdvg.vae import StreamingVAE
+
+        path = _host.full_model_path("vae", model_name)
+        dev = _resolve(device, "VAE")
+        torch_dtype = _aux_dtype(dtype, dev)
+
+        def load():
+            _prepare_load(path, dev)
+            return StreamingVAE.load(path, device=dev, dtype=torch_dtype)
+
+        model = _cache.get_or_load("vae", path, str(torch_dtype), str(dev), load)
+        return io.NodeOutput(AuxHandle(model=model, file=model_name, device=dev, kind="vae"))
+
+
+class SDVGRewardLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        _host.ensure_image_reward_folder()
+        return io.Schema(
+            node_id="SDVGRewardLoader",
+            display_name="SDVG Load ImageReward",
+            category=CATEGORY,
+            description=(
+                "Loads ImageReward v1 (BLIP + MLP head) from models/image_reward. Put ImageReward.pt there with the "
+                "BERT vocab.txt beside it; nothing is downloaded."
+            ),
+            inputs=[
+                _file_input(_host.IMAGE_REWARD_FOLDER, "ImageReward checkpoint (ImageReward.pt; vocab.txt must sit beside it)"),
+                _device_input("Where the reward model scores frames. The paper puts it on the second GPU (cuda:1)."),
+            ],
+            outputs=[SDVG_REWARD.Output(display_name="reward", tooltip="The loaded ImageReward scorer.")],
+        )
+
+    @classmethod
+    def execute(cls, model_name: str, device: str) -> io.NodeOutput:
+        from ..sdvg.reward import ImageReward
+
+        _host.ensure_image_reward_folder()
+        path = _host.full_model_path(_host.IMAGE_REWARD_FOLDER, model_name)
+        dev = _resolve(device, "reward model")
+
+        def load():
+            _prepare_load(path, dev)
+            return ImageReward.load(path, device=dev)
+
+        model = _cache.get_or_load("reward", path, "fp32", str(dev), load)
+        return io.NodeOutput(AuxHandle(model=model, file=model_name, device=dev, kind="reward"))

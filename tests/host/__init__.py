@@ -1,0 +1,1 @@
+"""Helpers for testing the node pack against a stub host (CI) and a real ComfyUI host (opt-in)."""
