@@ -68,9 +68,9 @@ class SelfKVCache:
         self.rolling = rolling
         self.sink_frames = sink_frames if rolling else 0
         shape = (num_layers, batch, capacity_frames * tokens_per_frame, heads, head_dim)
-        with torch.inference_mode():
-            self.k = torch.zeros(shape, device=device, dtype=dtype)
-            self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # Normal (not inference-mode) tensors, so they can be written both inside and outside inference_mode.
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
         self._frames: list[int] = []  # logical frame index held by each filled frame slot (sorted)
 
     # -- introspection -------------------------------------------------------------------------------

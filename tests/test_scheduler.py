@@ -1,0 +1,130 @@
+"""Flow-matching table, warped and diagonal step lists, validation, and pre-sampled block noise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sdvg.errors import ConfigError
+from sdvg.scheduler import (
+    FlowMatchScheduler,
+    block_seed,
+    build_step_schedule,
+    renoise,
+    sample_block_noise,
+    to_x0,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny ops: one intra-op thread avoids contention on small shared CI machines."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+@pytest.fixture(scope="module")
+def sched() -> FlowMatchScheduler:
+    return FlowMatchScheduler()
+
+
+def test_table(sched):
+    ts = sched.timesteps
+    assert ts.dtype == torch.float64 and ts.numel() == 1000
+    assert ts[0].item() == 1000.0
+    assert ts[-1].item() == pytest.approx(4.98, abs=0.01)
+    assert bool((ts[1:] < ts[:-1]).all())
+
+
+def test_sigma_and_snap(sched):
+    assert sched.sigma_of(0) == 0.0 and sched.snap(0) == 0.0
+    assert sched.sigma_of(1000) == 1.0
+    assert sched.sigma_of(937.5) == pytest.approx(0.9375)
+    assert sched.snap(937.4) == pytest.approx(937.5)
+    assert sched.snap(2000) == 1000.0
+    assert sched.snap(0.1) == pytest.approx(sched.timesteps[-1].item())
+
+
+def test_warp(sched):
+    assert sched.warp([1000, 750, 500, 250]) == pytest.approx([1000.0, 937.5, 833.3333333, 625.0])
+    assert sched.warp([100]) == pytest.approx([357.142857])
+    assert sched.warp([0]) == [0.0]
+    with pytest.raises(ConfigError):
+        sched.warp([1001])
+
+
+def test_constant_and_raw(sched):
+    sf = [1000.0, 937.5, 833.3333333, 625.0]
+    rows = build_step_schedule("constant", 3, sched)
+    assert len(rows) == 3 and all(r == pytest.approx(sf) for r in rows)
+    assert build_step_schedule(" 1000, 750,500,250 ", 2, sched)[1] == pytest.approx(sf)
+
+
+def test_diagonal(sched):
+    rows = build_step_schedule("diagonal", 5, sched)
+    assert [len(r) for r in rows] == [4, 3, 2, 2, 2]
+    assert rows[0] == pytest.approx([1000, 933, 733, 357.142857], abs=0.5)
+    assert rows[1] == pytest.approx([1000, 933, 357.142857], abs=0.5)
+    assert rows[2] == pytest.approx([1000, 357.142857], abs=1e-4)
+    table = set(sched.timesteps.tolist())
+    assert all(v in table for r in rows for v in r)
+
+
+def test_json_and_lists(sched):
+    rows = build_step_schedule("[[1000, 500], [900]]", 3, sched)
+    assert len(rows) == 3 and len(rows[0]) == 2 and rows[1] == rows[2]
+    assert rows[1][0] == pytest.approx(900.0, abs=0.2)
+    assert build_step_schedule([[1000, 625]], 2, sched) == [[1000.0, 625.0], [1000.0, 625.0]]
+    assert build_step_schedule([1000, 625], 1, sched) == [[1000.0, 625.0]]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["", "nope", "1000,nan", "1000,inf", "500,750", "1000,1000", "1000,0", "1200,500", "[[1000, -1]]", "[[]]", [],
+     [[1000, float("nan")]], "[[1000, 999.9]]", "[1000,"],
+)
+def test_validation(sched, spec):
+    with pytest.raises(ConfigError):
+        build_step_schedule(spec, 2, sched)
+
+
+def test_num_blocks_validated(sched):
+    with pytest.raises(ConfigError):
+        build_step_schedule("constant", 0, sched)
+
+
+def test_noise_determinism_and_independence():
+    shape = (1, 16, 3, 8, 8)
+    a = sample_block_noise(7, 2, shape, 4, device="cpu", dtype=torch.float32)
+    b = sample_block_noise(7, 2, shape, 4, device="cpu", dtype=torch.float32)
+    assert len(a.renoise) == 3
+    assert torch.equal(a.initial, b.initial) and all(torch.equal(x, y) for x, y in zip(a.renoise, b.renoise, strict=True))
+    # a block's noise does not depend on how much noise other blocks drew
+    torch.manual_seed(0)
+    sample_block_noise(7, 1, shape, 9)
+    c = sample_block_noise(7, 2, shape, 2)
+    assert torch.equal(c.initial, a.initial) and torch.equal(c.renoise[0], a.renoise[0])
+    other = sample_block_noise(7, 3, shape, 4)
+    assert not torch.equal(other.initial, a.initial)
+    assert not torch.equal(sample_block_noise(8, 2, shape, 1).initial, a.initial)
+    assert all(not torch.equal(a.initial, r) for r in a.renoise)
+    assert 0 <= block_seed(7, 2) < 2**63 and block_seed(7, 2) != block_seed(2, 7)
+    half = sample_block_noise(7, 2, shape, 4, dtype=torch.bfloat16)
+    assert half.initial.dtype == torch.bfloat16 and torch.equal(half.initial, a.initial.bfloat16())
+    with pytest.raises(ConfigError):
+        sample_block_noise(7, 2, shape, 0)
+
+
+def test_x0_and_renoise():
+    x = torch.randn(2, 3, dtype=torch.bfloat16)
+    v = torch.randn(2, 3, dtype=torch.bfloat16)
+    x0 = to_x0(x, v, 0.5)
+    assert x0.dtype == torch.bfloat16
+    assert torch.equal(x0, (x.float() - 0.5 * v.float()).bfloat16())
+    eps = torch.randn(2, 3)
+    y = renoise(x0.float(), eps, 0.25)
+    assert torch.allclose(y, 0.75 * x0.float() + 0.25 * eps)
+    assert math.isclose(float(renoise(torch.ones(1), torch.zeros(1), 0.0)), 1.0)
