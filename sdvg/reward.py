@@ -585,9 +585,9 @@ def tiny_vocab() -> list[str]:
 def tiny_official_state_dict(cfg: ImageRewardConfig, *, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random weights for ``cfg`` in the official ImageReward.pt layout (incl. the unused keys)."""
     gen = torch.Generator().manual_seed(seed)
-    with torch.device("cpu"):
+    with torch.device("meta"):  # shapes only
         vision, text = build_modules(cfg)
-    mlp = build_mlp()
+        mlp = build_mlp()
     out: dict[str, torch.Tensor] = {}
 
     def rnd(t: torch.Tensor, std: float) -> torch.Tensor:
