@@ -1,0 +1,286 @@
+"""Write the shipped workflows (UI format + .jpg thumbnail) and their API-format twins.
+
+    .venv/bin/python -m tests.host.build_workflows          # rewrite workflows/ and tests/workflows/
+
+The UI files are built from the node schemas (widget order and defaults come from there), so they cannot drift
+from the nodes; ``tests/test_workflows.py`` rebuilds them in memory and compares with the committed files.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import pack, stub
+from .core_nodes import CORE_NODES
+from .schema_checks import widget_inputs
+from .ui_to_api import ui_to_api
+
+REPO = Path(__file__).resolve().parents[2]
+UI_DIR = REPO / "workflows"
+API_DIR = REPO / "tests" / "workflows"
+
+FILES_REAL = {
+    "drafter": "self_forcing_dmd.pt",
+    "target": "krea-realtime-video-14b.safetensors",
+    "text_encoder": "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+    "vae": "wan_2.1_vae.safetensors",
+    "reward": "ImageReward.pt",
+}
+FILES_TINY = {
+    "drafter": "sdvg_tiny_drafter.pt",
+    "target": "sdvg_tiny_target.safetensors",
+    "text_encoder": "sdvg_tiny_umt5.safetensors",
+    "vae": "sdvg_tiny_vae.safetensors",
+    "reward": "sdvg_tiny_image_reward.pt",
+}
+PROMPT = (
+    "A red fox trots through fresh snow in a quiet pine forest at sunrise, soft golden light, "
+    "breath visible in the cold air, tracking shot"
+)
+
+NOTE_REAL = """## Model files (put them in these ComfyUI folders)
+
+| file | folder | where to get it |
+|---|---|---|
+| `self_forcing_dmd.pt` (drafter, Self-Forcing 1.3B) | `models/diffusion_models/` | Hugging Face `gdhe17/Self-Forcing`, file `checkpoints/self_forcing_dmd.pt` |
+| `krea-realtime-video-14b.safetensors` (target, Krea Realtime 14B, 28.6 GB bf16) | `models/diffusion_models/` | Hugging Face `krea/krea-realtime-video` |
+| `umt5_xxl_fp8_e4m3fn_scaled.safetensors` (UMT5-XXL text encoder) | `models/text_encoders/` | Hugging Face `Comfy-Org/Wan_2.1_ComfyUI_repackaged`, `split_files/text_encoders/` |
+| `wan_2.1_vae.safetensors` (Wan 2.1 VAE) | `models/vae/` | Hugging Face `Comfy-Org/Wan_2.1_ComfyUI_repackaged`, `split_files/vae/` |
+| `ImageReward.pt` **and** `vocab.txt` beside it | `models/image_reward/` | Hugging Face `THUDM/ImageReward` (`ImageReward.pt`); `vocab.txt` from `bert-base-uncased` |
+
+Nothing is downloaded at run time. On two GPUs set the text encoder, VAE and ImageReward loaders' device to `cuda:1` (paper split); the DiTs stay on `cuda:0`.
+"""
+
+NOTE_TINY = """## Tiny CPU preset (random weights: the video is noise, the pipeline is real)
+
+Create the files once with `python -m sdvg make-tiny <ComfyUI>/models` (or any folder mapped in `extra_model_paths.yaml`). It writes:
+
+* `diffusion_models/sdvg_tiny_drafter.pt`, `diffusion_models/sdvg_tiny_target.safetensors`
+* `text_encoders/sdvg_tiny_umt5.safetensors`, `vae/sdvg_tiny_vae.safetensors`
+* `image_reward/sdvg_tiny_image_reward.pt` (+ its `vocab.txt`)
+
+Runs in seconds on a CPU; use it to check an install.
+"""
+
+
+@dataclass
+class Spec:
+    name: str
+    title: str
+    subtitle: str
+    nodes: list[dict] = field(default_factory=list)  # {"key", "type", "pos", "values": {...}, "title"}
+    links: list[tuple] = field(default_factory=list)  # (src_key, src_slot, dst_key, dst_input_name)
+    notes: list[tuple] = field(default_factory=list)  # (text, pos, size)
+
+
+def _loader_nodes(files: dict, *, dtype: str, device: str, roles: tuple[str, ...]) -> list[dict]:
+    nodes = []
+    y = 60
+    for role in roles:
+        if role in ("drafter", "target"):
+            nodes.append({"key": role, "type": "SDVGModelLoader", "pos": [40, y], "title": f"Load {role} DiT",
+                          "values": {"model_name": files[role], "weight_dtype": dtype, "device": device}})
+        elif role == "text_encoder":
+            nodes.append({"key": role, "type": "SDVGTextEncoderLoader", "pos": [40, y],
+                          "values": {"model_name": files[role], "device": device}})
+        elif role == "vae":
+            nodes.append({"key": role, "type": "SDVGVAELoader", "pos": [40, y], "values": {"model_name": files[role], "device": device}})
+        elif role == "reward":
+            nodes.append({"key": role, "type": "SDVGRewardLoader", "pos": [40, y], "values": {"model_name": files[role], "device": device}})
+        y += 150
+    return nodes
+
+
+def _spec(name, title, subtitle, files, note, *, roles, router, sampler, dtype="auto", device="auto", fps=16.0) -> Spec:
+    spec = Spec(name, title, subtitle)
+    spec.nodes += _loader_nodes(files, dtype=dtype, device=device, roles=roles)
+    spec.nodes += [
+        {"key": "encode", "type": "SDVGTextEncode", "pos": [420, 60], "values": {"prompt": PROMPT}},
+        {"key": "router", "type": "SDVGRewardRouter", "pos": [420, 320], "values": router},
+        {"key": "sampler", "type": "SDVGSpeculativeSampler", "pos": [820, 60], "values": sampler, "size": [440, 720]},
+        {"key": "video", "type": "CreateVideo", "pos": [1320, 60], "values": {"fps": fps}},
+        {"key": "save", "type": "SaveVideo", "pos": [1320, 220], "values": {"filename_prefix": f"video/{name}"}},
+        {"key": "report", "type": "SDVGReport", "pos": [1320, 480], "values": {}},
+        {"key": "chart", "type": "PreviewImage", "pos": [1680, 480], "values": {}},
+        {"key": "summary", "type": "PreviewAny", "pos": [1680, 60], "values": {}},
+    ]
+    if "text_encoder" in roles:
+        spec.links.append(("text_encoder", 0, "encode", "text_encoder"))
+    for role in ("drafter", "target", "vae", "reward"):
+        if role in roles:
+            spec.links.append((role, 0, "sampler", role))
+    spec.links += [
+        ("encode", 0, "sampler", "conditioning"),
+        ("router", 0, "sampler", "router"),
+        ("sampler", 0, "video", "images"),
+        ("video", 0, "save", "video"),
+        ("sampler", 2, "report", "report"),
+        ("report", 1, "chart", "images"),
+        ("report", 0, "summary", "source"),
+    ]
+    spec.notes.append((note, [40, 60 + 150 * len(roles) + 20], [740, 330]))
+    return spec
+
+
+def specs() -> list[Spec]:
+    all_roles = ("drafter", "target", "text_encoder", "vae", "reward")
+    return [
+        _spec(
+            "sdvg_speculative_t2v", "SDVG speculative T2V", "Self-Forcing drafter + Krea 14B target, ImageReward τ = −0.7 (min)",
+            FILES_REAL, NOTE_REAL, roles=all_roles,
+            router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
+            sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480},
+        ),
+        _spec(
+            "sdvg_target_only_baseline", "Target-only baseline", "Krea 14B alone: the quality and speed reference",
+            FILES_REAL, NOTE_REAL, roles=("target", "text_encoder", "vae"),
+            router={"mode": "target-only"},
+            sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480},
+        ),
+        _spec(
+            "sdvg_diagonal_noisy_cache", "Diagonal Distillation", "Self-Forcing with diagonal steps + noisy KV cache (draft-only)",
+            FILES_REAL, NOTE_REAL, roles=("drafter", "text_encoder", "vae"),
+            router={"mode": "draft-only", "force_reject_first": False},
+            sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480, "cache": "noisy", "schedule": "diagonal"},
+        ),
+        _spec(
+            "sdvg_tiny_cpu", "SDVG tiny CPU check", "Random tiny models, 64×64, 3 blocks: tests an install in seconds",
+            FILES_TINY, NOTE_TINY, roles=all_roles, dtype="fp32", device="cpu",
+            router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
+            sampler={"seed": 1, "blocks": 3, "width": 64, "height": 64},
+            fps=8.0,
+        ),
+    ]
+
+
+def object_info() -> dict:
+    """Our nodes' /object_info (from the schemas, through the stub host) plus the core table."""
+    installed = False
+    if "comfy_api" not in __import__("sys").modules:
+        stub.install(Path(tempfile.mkdtemp(prefix="sdvg-models-")))
+        installed = True
+    try:
+        pack.load_pack()
+        info = {cls.define_schema().node_id: stub.node_info(cls) for cls in pack.submodule("nodes").node_classes()}
+    finally:
+        pack.unload_pack()
+        if installed:
+            stub.uninstall()
+    return info | CORE_NODES
+
+
+def _socket_inputs(info: dict) -> list[tuple[str, str]]:
+    widgets = {name for name, _t, _o in widget_inputs(info)}
+    out = []
+    for section in ("required", "optional"):
+        for name in info["input_order"].get(section, []):
+            if name not in widgets:
+                type_slot = info["input"][section][name][0]
+                out.append((name, type_slot if isinstance(type_slot, str) else "COMBO"))
+    return out
+
+
+def build_ui(spec: Spec, info: dict) -> dict:
+    ids = {n["key"]: i + 1 for i, n in enumerate(spec.nodes)}
+    links = []
+    for k, (src, src_slot, dst, dst_name) in enumerate(spec.links, start=1):
+        src_type = info[next(n["type"] for n in spec.nodes if n["key"] == src)]["output"][src_slot]
+        links.append([k, ids[src], src_slot, ids[dst], dst_name, src_type])
+    nodes = []
+    for order, n in enumerate(spec.nodes):
+        node_info = info[n["type"]]
+        values = []
+        for name, type_slot, opts in widget_inputs(node_info):
+            default = opts.get("default")
+            if default is None and isinstance(type_slot, list) and type_slot:
+                default = type_slot[0]
+            value = n["values"].get(name, default)
+            if value is None:
+                raise ValueError(f"{spec.name}: no value for {n['type']}.{name}")
+            values.append(value)
+            if opts.get("control_after_generate"):
+                values.append("fixed")
+        inputs = []
+        for slot, (name, type_name) in enumerate(_socket_inputs(node_info)):
+            link = next((lk for lk in links if lk[3] == ids[n["key"]] and lk[4] == name), None)
+            if link is not None:
+                link[4] = slot
+            inputs.append({"name": name, "type": type_name, "link": link[0] if link else None})
+        outputs = []
+        for slot, type_name in enumerate(node_info["output"]):
+            out_links = [lk[0] for lk in links if lk[1] == ids[n["key"]] and lk[2] == slot]
+            name = node_info.get("output_name", node_info["output"])[slot]
+            outputs.append({"name": name, "type": type_name, "links": out_links or None, "slot_index": slot})
+        node = {
+            "id": ids[n["key"]], "type": n["type"], "pos": n["pos"], "size": n.get("size", [340, 130]), "flags": {},
+            "order": order, "mode": 0, "inputs": inputs, "outputs": outputs,
+            "properties": {"Node name for S&R": n["type"]}, "widgets_values": values,
+        }
+        if n.get("title"):
+            node["title"] = n["title"]
+        nodes.append(node)
+    next_id = len(nodes) + 1
+    for text, pos, size in spec.notes:
+        nodes.append({"id": next_id, "type": "MarkdownNote", "pos": pos, "size": size, "flags": {}, "order": len(nodes),
+                      "mode": 0, "inputs": [], "outputs": [], "properties": {}, "widgets_values": [text],
+                      "title": "Model files", "color": "#432", "bgcolor": "#653"})
+        next_id += 1
+    return {
+        "id": _uuid_for(spec.name),
+        "revision": 0, "last_node_id": next_id - 1, "last_link_id": len(links), "nodes": nodes, "links": links,
+        "groups": [], "config": {}, "extra": {"ds": {"scale": 0.7, "offset": [0, 0]}}, "version": 0.4,
+    }
+
+
+def _uuid_for(name: str) -> str:
+    import uuid
+
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"sdvg-workflow:{name}"))
+
+
+def thumbnail(spec: Spec, path: Path) -> None:
+    """A small card: title, subtitle and a block timeline motif (draft kept = green, target = amber)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (512, 288), (24, 26, 33))
+    draw = ImageDraw.Draw(img)
+    draw.text((24, 24), spec.title, fill=(235, 235, 240))
+    draw.text((24, 48), spec.subtitle, fill=(160, 165, 180))
+    pattern = {"sdvg_target_only_baseline": "TTTTTTT", "sdvg_diagonal_noisy_cache": "DDDDDDD"}.get(spec.name, "TDDTDDD")
+    for i, kind in enumerate(pattern):
+        x = 24 + i * 66
+        color = (236, 170, 60) if kind == "T" else (80, 190, 120)
+        draw.rounded_rectangle((x, 120, x + 58, 220), radius=8, fill=color)
+        draw.text((x + 22, 160), str(i), fill=(20, 20, 20))
+    draw.text((24, 246), "SDVG: speculative decoding for autoregressive video", fill=(120, 125, 140))
+    img.save(path, "JPEG", quality=88)
+
+
+def build_all(info: dict | None = None) -> dict[str, tuple[dict, dict]]:
+    info = info or object_info()
+    out = {}
+    for spec in specs():
+        ui = build_ui(spec, info)
+        out[spec.name] = (ui, ui_to_api(ui, info))
+    return out
+
+
+def dump(data: dict) -> str:
+    return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+
+
+def main() -> None:
+    UI_DIR.mkdir(exist_ok=True)
+    API_DIR.mkdir(parents=True, exist_ok=True)
+    for spec in specs():
+        thumbnail(spec, UI_DIR / f"{spec.name}.jpg")
+    for name, (ui, api) in build_all().items():
+        (UI_DIR / f"{name}.json").write_text(dump(ui), encoding="utf-8")
+        (API_DIR / f"{name}.api.json").write_text(dump(api), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""The ComfyUI nodes against a stub host (no ComfyUI needed): schemas, execution on the tiny models, events,
+previews, cancel, errors. The stub modules are removed after each test."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from tests.host import pack, stub
+from tests.host.schema_checks import node_problems
+
+ENGINE_READY = all(
+    importlib.util.find_spec(f"sdvg.{m}") is not None for m in ("text_encoder", "vae", "wan_loading", "causal", "tiny")
+)
+needs_engine = pytest.mark.skipif(not ENGINE_READY, reason="engine modules (text_encoder/vae/causal/...) not there yet")
+
+
+@pytest.fixture()
+def host(tmp_path):
+    h = stub.install(tmp_path / "models")
+    try:
+        pack.load_pack()
+        yield h
+    finally:
+        pack.unload_pack()
+        stub.uninstall()
+
+
+@pytest.fixture()
+def nodes(host):
+    mod = pack.submodule("nodes")
+    return {cls.define_schema().node_id: cls for cls in mod.node_classes()}
+
+
+def test_entrypoint_lists_every_node(host):
+    mod = pack.load_pack()
+    ext = asyncio.run(mod.comfy_entrypoint())
+    classes = asyncio.run(ext.get_node_list())
+    ids = [c.define_schema().node_id for c in classes]
+    assert ids == [
+        "SDVGModelLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader",
+        "SDVGTextEncode", "SDVGRewardRouter", "SDVGSpeculativeSampler", "SDVGReport",
+    ]
+    assert not hasattr(mod, "NODE_CLASS_MAPPINGS")
+
+
+def test_schemas_are_valid(nodes):
+    problems = []
+    for name, cls in nodes.items():
+        problems += node_problems(name, stub.node_info(cls))
+    assert not problems, "\n".join(problems)
+
+
+def test_router_slider_and_sampler_widgets(nodes):
+    router = stub.node_info(nodes["SDVGRewardRouter"])["input"]["required"]
+    want = {"default": -0.7, "min": -5.0, "max": 3.0, "step": 0.05, "display": "slider"}
+    assert {k: router["tau"][1].get(k) for k in want} == want
+    assert router["aggregation"][0][0] == "min"
+    sampler = stub.node_info(nodes["SDVGSpeculativeSampler"])["input"]
+    assert sampler["required"]["seed"][1]["control_after_generate"] is True
+    assert sampler["required"]["width"][1]["step"] == 16 and sampler["required"]["height"][1]["step"] == 16
+    assert set(sampler["optional"]) == {"drafter", "target", "reward"}
+    assert sampler["hidden"]["unique_id"] == ["UNIQUE_ID"]
+
+
+def test_device_lists_are_built_at_schema_time(nodes, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    info = stub.node_info(nodes["SDVGModelLoader"])
+    assert info["input"]["required"]["device"][0] == ["auto", "cpu", "cuda:0", "cuda:1"]
+
+
+def test_image_reward_folder_registered_once_and_respects_existing(host, nodes, tmp_path):
+    import folder_paths
+
+    nodes["SDVGRewardLoader"].define_schema()
+    nodes["SDVGRewardLoader"].define_schema()
+    assert folder_paths.get_folder_paths("image_reward") == [str(host.models_dir / "image_reward")]
+    # a folder already mapped (extra_model_paths.yaml) is kept, not replaced
+    folder_paths.folder_names_and_paths["image_reward"] = ([str(tmp_path / "elsewhere")], set())
+    nodes["SDVGRewardLoader"].define_schema()
+    assert folder_paths.get_folder_paths("image_reward") == [str(tmp_path / "elsewhere")]
+
+
+def test_reward_file_list_hides_vocab(host, nodes):
+    folder = host.models_dir / "image_reward"
+    folder.mkdir(parents=True)
+    (folder / "ImageReward.pt").write_bytes(b"x")
+    (folder / "vocab.txt").write_text("[PAD]\n")
+    info = stub.node_info(nodes["SDVGRewardLoader"])
+    assert info["input"]["required"]["model_name"][0] == ["ImageReward.pt"]
+
+
+def test_missing_model_file_names_the_folder(nodes):
+    from sdvg_pack_under_test.sdvg.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match="diffusion_models"):
+        nodes["SDVGModelLoader"].execute(model_name="nope.safetensors", weight_dtype="auto", device="cpu", offload="keep_loaded")
+
+
+def test_unknown_device_is_a_clear_error(host, nodes):
+    from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    folder = host.models_dir / "diffusion_models"
+    folder.mkdir(parents=True)
+    (folder / "x.safetensors").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="cuda:7"):
+        nodes["SDVGModelLoader"].execute(model_name="x.safetensors", weight_dtype="auto", device="cuda:7", offload="keep_loaded")
+
+
+def test_router_builds_engine_config_and_rejects_bad_values(nodes):
+    from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    kwargs = dict(tau=-0.7, aggregation="min", quantile=0.1, threshold_mode="fixed", target_rate=0.72, delta=0.5,
+                  mode="reward", random_rate=0.5, force_reject_first=True, early_exit=False)
+    config = nodes["SDVGRewardRouter"].execute(**kwargs)[0]
+    assert (config.tau, config.aggregation, config.threshold, config.mode) == (-0.7, "min", "fixed", "reward")
+    with pytest.raises(ConfigError, match="aggregation"):
+        nodes["SDVGRewardRouter"].execute(**(kwargs | {"aggregation": "median"}))
+
+
+def test_text_encode_from_native_conditioning_pads_to_512(nodes):
+    cond = [[torch.ones(1, 7, 32), {"pooled_output": None}]]
+    out = nodes["SDVGTextEncode"].execute(prompt="a fox", conditioning=cond)[0]
+    assert out.embeds.shape == (1, 512, 32) and out.embeds[0, 7:].abs().sum() == 0 and out.prompt == "a fox"
+    assert cond[0][0].shape == (1, 7, 32)  # input untouched
+
+
+def test_text_encode_errors_are_clear(nodes):
+    from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs a text encoder"):
+        nodes["SDVGTextEncode"].execute(prompt="a fox")
+    with pytest.raises(ConfigError, match="prompt text is still needed"):
+        nodes["SDVGTextEncode"].execute(prompt="  ", conditioning=[[torch.ones(1, 3, 8), {}]])
+
+
+def test_report_node_parses_and_renders(nodes):
+    report = {"settings": {"num_blocks": 2}, "partial": False, "totals": {"blocks": 2, "drafted": 1, "accepted": 1, "acceptance": 1.0},
+              "blocks": [{"block": 0, "decision": "forced", "reason": "block 0", "produced_by": "target", "q": None, "scores": [], "tau": -0.7, "steps": 4, "timings": {}},
+                         {"block": 1, "decision": "accept", "reason": "q>=tau", "produced_by": "drafter", "q": 0.1, "scores": [0.1, 0.3], "tau": -0.7, "steps": 4, "timings": {}}]}
+    summary, image = nodes["SDVGReport"].execute(report=json.dumps(report), chart_width=400, chart_height=200).args
+    assert isinstance(summary, str) and summary
+    assert image.shape[0] == 1 and image.shape[-1] == 3 and image.dtype == torch.float32
+
+
+def test_report_node_rejects_non_json(nodes):
+    from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not JSON"):
+        nodes["SDVGReport"].execute(report="{oops", chart_width=400, chart_height=200)
+
+
+def test_preview_encoder_drops_instead_of_blocking():
+    preview = pack.load_pack() and pack.submodule("nodes.preview")
+    try:
+        enc = preview.PreviewEncoder(max_pending=1)
+        enc._thread.join(0)  # the thread is running; flood it
+        for b in range(50):
+            enc.submit(b, torch.rand(12, 16, 16, 3))
+        done = enc.close()
+        assert len(done) + enc.dropped == 50 and done[-1][0] == 49
+        img = preview.contact_sheet(torch.rand(12, 32, 48, 3), max_side=64)
+        assert max(img.size) <= 64
+    finally:
+        pack.unload_pack()
+
+
+# ------------------------------------------------------------------------------------------- engine-backed
+def _tiny_models_dir(tmp_path):
+    from sdvg.tiny import make_tiny
+
+    make_tiny(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture()
+def tiny_host(tmp_path):
+    """Stub host whose model folders are a tiny models tree."""
+    models = _tiny_models_dir(tmp_path / "models")
+    h = stub.install(models)
+    import folder_paths
+
+    folder_paths.folder_names_and_paths["image_reward"] = ([str(models / "image_reward")], set())
+    try:
+        pack.load_pack()
+        yield h
+    finally:
+        pack.unload_pack()
+        stub.uninstall()
+
+
+def _run_tiny(nodes, *, blocks=3, mode="reward", tau=-0.7, **sampler_kwargs):
+    load = nodes["SDVGModelLoader"].execute
+    drafter = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+    target = load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+    te = nodes["SDVGTextEncoderLoader"].execute(model_name="sdvg_tiny_umt5.safetensors", device="cpu", dtype="fp32")[0]
+    vae = nodes["SDVGVAELoader"].execute(model_name="sdvg_tiny_vae.safetensors", device="cpu", dtype="fp32")[0]
+    reward = nodes["SDVGRewardLoader"].execute(model_name="sdvg_tiny_image_reward.pt", device="cpu")[0]
+    cond = nodes["SDVGTextEncode"].execute(prompt="a red fox in the snow", text_encoder=te)[0]
+    router = nodes["SDVGRewardRouter"].execute(tau=tau, aggregation="min", quantile=0.1, threshold_mode="fixed",
+                                               target_rate=0.72, delta=0.5, mode=mode, random_rate=0.5,
+                                               force_reject_first=True, early_exit=False)[0]
+    sampler = nodes["SDVGSpeculativeSampler"]
+    sampler.hidden = stub.HiddenHolder(unique_id="7")
+    kwargs = dict(seed=1, blocks=blocks, width=64, height=64, cache="recompute", schedule="constant",
+                  custom_schedule="1000,750,500,250", pipelined=False, refine_from_step=0) | sampler_kwargs
+    return sampler.execute(vae=vae, conditioning=cond, router=router, drafter=drafter, target=target, reward=reward, **kwargs), router
+
+
+@needs_engine
+def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, nodes):
+    out, router = _run_tiny(nodes, blocks=3)
+    images, latent, report = out.args
+    assert images.shape == (33, 64, 64, 3) and images.dtype == torch.float32
+    assert latent["samples"].shape[:3] == (1, 16, 9)
+    blocks = tiny_host.events_of("sdvg.block")
+    assert [e["block"] for e in blocks] == [0, 1, 2]
+    assert all(e["node"] == "7" for e in blocks)
+    assert blocks[0]["produced_by"] == "target"
+    assert len(tiny_host.previews) == 3
+    assert all(p[0] == "7" and p[3][0] == "JPEG" and p[3][2] == 512 for p in tiny_host.previews)
+    values = [v for _n, v, _t in tiny_host.progress]
+    assert values == sorted(values) and values[-1] == tiny_host.progress[-1][2]
+    data = json.loads(report)
+    assert [b["block"] for b in data["blocks"]] == [0, 1, 2]
+    assert len(tiny_host.events_of("sdvg.start")) == 1 and len(tiny_host.events_of("sdvg.done")) == 1
+    assert router.seed == 0  # the router input is never mutated (the sampler works on a copy)
+
+
+@needs_engine
+def test_models_are_cached_between_runs(tiny_host, nodes):
+    cache = pack.submodule("nodes._cache")
+    load = nodes["SDVGModelLoader"].execute
+    a = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+    b = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+    assert a.model is b.model and cache.size() >= 1
+
+
+@needs_engine
+def test_cancel_stops_within_a_step_and_raises_host_interrupt(tiny_host, nodes):
+    import comfy.model_management as mm
+
+    tiny_host.interrupt_after_steps = 6  # the user presses Cancel after a few progress updates
+    with pytest.raises(mm.InterruptProcessingException):
+        _run_tiny(nodes, blocks=5)
+    assert len(tiny_host.events_of("sdvg.block")) < 5
+    assert tiny_host.interrupted is False  # the flag was consumed by ComfyUI's own check
+
+
+@needs_engine
+def test_sampler_config_errors_are_clear(tiny_host, nodes):
+    from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="custom_schedule is empty"):
+        _run_tiny(nodes, schedule="custom", custom_schedule="  ")
+    with pytest.raises(ConfigError):
+        _run_tiny(nodes, schedule="custom", custom_schedule="250,500")
