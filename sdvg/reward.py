@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .devices import parse_dtype, resolve_device
 from .errors import ConfigError, ModelFileError
 
 logger = logging.getLogger(__name__)
@@ -396,14 +397,21 @@ class ImageReward(nn.Module):
         path: str | Path,
         *,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,
         vocab: str | Path | None = None,
     ) -> ImageReward:
         """Load ``ImageReward.pt`` (or a safetensors copy with the same keys) strictly, tokenizer from vocab.txt.
 
-        The MLP head always stays float32 (ImageReward casts the CLS feature to float before it).
+        ``device``: "auto"/"cpu"/"cuda:N" or a torch.device. ``dtype``: float32 (reference), bfloat16 or float16
+        for the BLIP trunk ("auto" = float32); the MLP head always stays float32 (ImageReward casts the CLS
+        feature to float before it). The tokenizer is ``vocab=`` or ``<stem>.vocab.txt`` or ``vocab.txt``
+        beside the checkpoint.
         """
         path = Path(path)
+        target_device = resolve_device(device, what="ImageReward model")
+        target_dtype = parse_dtype(dtype, default=torch.float32)
+        if not isinstance(target_dtype, torch.dtype):
+            raise ConfigError(f"ImageReward does not support {target_dtype} weights; use fp32, bf16 or fp16.")
         state, overrides = read_checkpoint(path)
         cfg = infer_config({k: tuple(v.shape) for k, v in state.items()}, overrides=overrides, path=str(path))
         tokenizer = load_tokenizer(_find_vocab(path, vocab))
@@ -434,7 +442,7 @@ class ImageReward(nn.Module):
         ]
         if leftovers:
             raise ModelFileError(f"{path}: tensors left uninitialized after loading: {leftovers[:5]}.")
-        model.to(device=torch.device(device), dtype=dtype)
+        model.to(device=target_device, dtype=target_dtype)
         model.mlp.float()
         model.eval()
         model.requires_grad_(False)

@@ -405,3 +405,16 @@ def test_reference_forward_parity(tiny, tiny_path):
         ref = _reference_scores(state, tiny.config, tiny.preprocess(x), prepared.input_ids, prepared.attention_mask)
         ours = tiny.score(x, prompt)
         torch.testing.assert_close(ours.double(), ref, atol=2e-5, rtol=1e-5)
+
+
+def test_load_dtype_and_device_strings(tiny, tiny_path):
+    m = ImageReward.load(tiny_path, device="auto" if not torch.cuda.is_available() else "cpu", dtype="bf16")
+    assert m.dtype == torch.bfloat16 and m.mlp[0].weight.dtype == torch.float32  # head stays fp32
+    x = frames(3)
+    s = m.score(x, PROMPT)
+    assert s.dtype == torch.float32 and torch.isfinite(s).all()
+    assert float((s - tiny.score(x, PROMPT)).abs().max()) < 0.1  # bf16 trunk vs fp32
+    with pytest.raises(ConfigError, match="fp8"):
+        ImageReward.load(tiny_path, dtype="fp8_e4m3fn")
+    with pytest.raises(ConfigError, match="device"):
+        ImageReward.load(tiny_path, device="tpu:7")
