@@ -418,3 +418,14 @@ def test_load_dtype_and_device_strings(tiny, tiny_path):
         ImageReward.load(tiny_path, dtype="fp8_e4m3fn")
     with pytest.raises(ConfigError, match="device"):
         ImageReward.load(tiny_path, device="tpu:7")
+
+
+def test_find_checkpoint(tiny_path, tmp_path):
+    from sdvg.reward import find_checkpoint
+
+    assert find_checkpoint(tiny_path.parent) == tiny_path
+    (tmp_path / "ImageReward.pt").write_bytes(b"")
+    (tmp_path / "sdvg_tiny_image_reward.pt").write_bytes(b"")
+    assert find_checkpoint(tmp_path).name == "ImageReward.pt"
+    with pytest.raises(ModelFileError, match="No ImageReward checkpoint"):
+        find_checkpoint(tmp_path / "missing")
