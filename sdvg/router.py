@@ -3,7 +3,8 @@
 No models here; torch is only touched to turn score tensors into floats. The sampler's contract:
 
 1. ``reason = router.forced_target(b)``: when not None the target generates block ``b`` without a draft
-   (block 0 with ``force_reject_first``; every block in ``target-only`` mode). ``router.decide(b)`` then returns
+   (block 0 with ``force_reject_first`` in ``reward``/``random`` mode; every block in ``target-only`` mode;
+   never in ``draft-only`` mode, the drafter-only baseline). ``router.decide(b)`` then returns
    the matching reject record.
 2. Otherwise draft and decode. If ``router.needs_scores(b)``, score the frames (``reward`` mode) and call
    ``router.decide(b, scores)`` (or ``router.decide_streaming(b, reward.score_chunks(...))`` for early exit);
@@ -205,6 +206,8 @@ class Router:
     def forced_target(self, block: int) -> str | None:
         if self.config.mode == "target-only":
             return TARGET_ONLY_REASON
+        if self.config.mode == "draft-only":  # the drafter-only baseline generates every block, block 0 included
+            return None
         if block == 0 and self.config.force_reject_first:
             return FORCE_FIRST_REASON
         return None
