@@ -20,7 +20,8 @@ Threshold rules (``q`` is the aggregated block score, accept iff ``q >= threshol
   ``1 - eff`` quantile (linear interpolation) of the aggregated scores of all *earlier* drafted blocks; while fewer
   than ``prior_count`` are known it is the Gaussian prior quantile ``prior_mean + prior_std * Phi^-1(1 - eff)``.
 * ``relative``: threshold = ``reference - delta`` where the reference is the aggregated score of the target's own
-  output for the first target block (block 0). Without a reference yet a draft is rejected.
+  output for the first target block (block 0). Until a reference is observed, ``forced_target`` sends blocks to
+  the target (so block 0 sets it even without ``force_reject_first``); a draft decided without one is rejected.
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ class Router:
             return None
         if block == 0 and self.config.force_reject_first:
             return FORCE_FIRST_REASON
+        if self.config.mode == "reward" and self.config.threshold == "relative" and self.reference is None:
+            return f"relative threshold: the target's block {block} sets the reference score"
         return None
 
     def needs_scores(self, block: int) -> bool:
@@ -276,11 +279,20 @@ class Router:
         self.records.append(rec)
         return rec
 
+    def forced_record(self, block: int, reason: str | None = None, scores: Any = None) -> RouteRecord:
+        """The reject record of a block the target generated without a draft; ``scores`` (optional) are the
+        target output's frame scores (e.g. the relative reference), kept for the report."""
+        values = to_float_list(scores)
+        q = aggregate(values, self.config.aggregation, self.config.q) if values else None
+        reason = reason or self.forced_target(block) or "target generates this block"
+        agg = self.config.aggregation if values else None
+        return self._record(RouteRecord(block, "reject", reason, q=q, scores=values, tau=None, aggregation=agg))
+
     def decide(self, block: int, scores: Any = None) -> RouteRecord:
         c = self.config
         forced = self.forced_target(block)
         if forced is not None:
-            return self._record(RouteRecord(block, "reject", forced, aggregation=None))
+            return self.forced_record(block, forced)
         if c.mode == "draft-only":
             return self._record(RouteRecord(block, "accept", "draft-only mode", scores=to_float_list(scores)))
         if c.mode == "random":

@@ -213,11 +213,26 @@ def test_relative_mode():
     assert rec.decision == "reject" and "ref" in rec.reason
 
 
-def test_relative_without_reference_rejects():
+def test_relative_without_reference():
     r = Router(RouterConfig(threshold="relative", force_reject_first=False))
-    rec = r.decide(0, [5.0])
+    # the target's first block sets the reference even without force_reject_first
+    assert "reference" in r.forced_target(0) and r.wants_reference_score(0) and not r.needs_scores(0)
+    rec = r.forced_record(0, r.forced_target(0), [0.5, 0.7])
+    assert rec.decision == "reject" and rec.q == pytest.approx(0.5) and rec.scores == pytest.approx([0.5, 0.7])
+    r.observe_reference(0, [0.5, 0.7])
+    assert r.forced_target(1) is None and r.decide(1, [0.1]).decision == "accept"
+    # a draft decided without a reference (sampler skipped observe) is rejected, not crashed
+    r2 = Router(RouterConfig(threshold="relative", force_reject_first=False))
+    rec = r2._decide_scores(1, [5.0])
     assert rec.decision == "reject" and rec.tau is None and "no reference" in rec.reason
-    assert r.wants_reference_score(0)
+
+
+def test_forced_record():
+    r = Router()
+    rec = r.forced_record(0, FORCE_FIRST_REASON)
+    assert rec.decision == "reject" and rec.q is None and rec.scores == [] and rec.reason == FORCE_FIRST_REASON
+    assert r.records == [rec]
+    assert r.forced_record(0).reason == FORCE_FIRST_REASON
 
 
 # ---- early exit -----------------------------------------------------------------------------------------------
