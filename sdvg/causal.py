@@ -86,6 +86,14 @@ class BlockHistory:
     def __len__(self) -> int:
         return len(self.blocks)
 
+    def extended(self, block: HistoryBlock) -> BlockHistory:
+        """A new history: these blocks plus ``block`` (e.g. a speculative, not yet accepted draft)."""
+        out = BlockHistory()
+        out.blocks = [*self.blocks, block]
+        if block.index != len(self.blocks):
+            raise ConfigError(f"History expects block {len(self.blocks)} next, got block {block.index}.")
+        return out
+
     def latents(self) -> torch.Tensor:
         """All clean latents ``[B, 16, F, h, w]``."""
         if not self.blocks:
@@ -133,15 +141,15 @@ class BlockDenoiser:
         self.kv: SelfKVCache | None = None
         self.cross: CrossAttnCache | None = None
         self._history: BlockHistory | None = None
-        self._synced = 0
-        self._own: dict[int, int] = {}
+        # block index -> token of the block whose final (regime-specific) K/V this cache holds
+        self._cached: dict[int, int] = {}
         self._batch = 1
         self._num_frames = 0
 
     # ------------------------------------------------------------------ lifecycle
     @property
     def device(self) -> torch.device:
-        return self.model.patch_embedding.weight.device
+        return self.model.execution_device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -183,8 +191,7 @@ class BlockDenoiser:
         self._batch = batch
         self._num_frames = num_frames
         self._history = None
-        self._synced = 0
-        self._own.clear()
+        self._cached.clear()
         self.forwards = 0
 
     def release(self) -> None:
@@ -192,7 +199,7 @@ class BlockDenoiser:
         self.kv = None
         self.cross = None
         self._history = None
-        self._own.clear()
+        self._cached.clear()
 
     def _require_started(self) -> tuple[SelfKVCache, CrossAttnCache]:
         if self.kv is None or self.cross is None:
@@ -211,28 +218,35 @@ class BlockDenoiser:
         return x.to(device=self.device, dtype=self.dtype)
 
     # ------------------------------------------------------------------ sync / denoise
+    def _mark_written(self, block: int, token: int | None) -> None:
+        """A write of ``block`` drops the block's later frames from the cache: forget them."""
+        for i in [i for i in self._cached if i >= block]:
+            del self._cached[i]
+        if token is not None:
+            self._cached[block] = token
+
     def sync(self, history: BlockHistory) -> int:
-        """Deferred cache work for history blocks not yet in this cache; returns the number of forwards."""
+        """Deferred cache work for history blocks not yet in this cache; returns the number of forwards.
+
+        A block is (re)written when the cache does not hold that exact block (by token): new blocks, and blocks
+        that replaced a draft this cache saw (e.g. a speculative history followed by a rejection).
+        """
         self._require_started()
         self._history = history
         regime = self.cache_config.regime
         if regime is CacheRegime.RECOMPUTE:
-            self._synced = len(history)
             return 0
         before = self.forwards
         with torch.inference_mode():
-            for hb in history.blocks[self._synced:]:
+            for hb in history.blocks:
+                if self._cached.get(hb.index) == hb.token:
+                    continue  # already holds exactly this block (NOISY: our own last call wrote it)
                 frame = hb.index * FRAMES_PER_BLOCK
-                if regime is CacheRegime.GLOBAL:
+                if regime is CacheRegime.GLOBAL or hb.last_noisy is None:
                     self._call(self._prep(hb.x0), 0.0, frame)
-                elif self._own.get(hb.index) == hb.token:
-                    continue  # our own last call already wrote exactly this block's K/V
-                elif hb.last_noisy is not None:
-                    self._call(self._prep(hb.last_noisy), hb.last_t, frame)
                 else:
-                    self._call(self._prep(hb.x0), 0.0, frame)
-                self._own[hb.index] = hb.token
-        self._synced = len(history)
+                    self._call(self._prep(hb.last_noisy), hb.last_t, frame)
+                self._mark_written(hb.index, hb.token)
         return self.forwards - before
 
     def _recompute_context(self, block: int) -> int:
@@ -268,7 +282,7 @@ class BlockDenoiser:
             raise ConfigError("Refine-on-reject (start_step > 0) needs x0_init.")
         if (block + 1) * FRAMES_PER_BLOCK > self._num_frames:
             raise ConfigError(f"Block {block} is beyond the {self._num_frames} frames given to start().")
-        if self.cache_config.regime is not CacheRegime.RECOMPUTE and self._synced < block:
+        if self.cache_config.regime is not CacheRegime.RECOMPUTE and any(i not in self._cached for i in range(block)):
             raise ConfigError(f"Denoiser '{self.name}' is missing blocks before {block}; call sync(history) first.")
         return n
 
@@ -287,6 +301,7 @@ class BlockDenoiser:
                 frame = self._recompute_context(block)
             else:
                 frame = block * FRAMES_PER_BLOCK
+                self._mark_written(block, None)  # the block's slots (and later frames) are about to change
             if start_step == 0:
                 x = self._prep(noise.initial)
             else:
@@ -300,5 +315,6 @@ class BlockDenoiser:
                 if i < n - 1:
                     x = renoise(x0, self._prep(noise.renoise[i]), sigmas[i + 1])
         result = DenoiseResult(x0=x0, last_noisy=x, last_t=float(timesteps[n - 1]), forwards=self.forwards - before)
-        self._own[block] = result.token
+        if self.cache_config.regime is CacheRegime.NOISY:
+            self._cached[block] = result.token  # the last noisy call's K/V are this block's final K/V
         return result

@@ -58,6 +58,17 @@ class CausalWanTransformer(WanTransformer3DModel):
         return torch.bfloat16 if dt.itemsize == 1 else dt
 
     @property
+    def execution_device(self) -> torch.device:
+        """Where activations live: ``sdvg_execution_device`` if set (group offload), else the patch embedding's."""
+        dev = self.__dict__.get("sdvg_execution_device")
+        return torch.device(dev) if dev is not None else self.patch_embedding.weight.device
+
+    def _in_dtype(self, linear: torch.nn.Module) -> torch.dtype:
+        """Input dtype for a linear layer (its weight dtype; the compute dtype for fp8 storage)."""
+        dt = linear.weight.dtype
+        return dt if dt.itemsize > 1 else self.compute_dtype
+
+    @property
     def head_dim(self) -> int:
         return int(self.config.attention_head_dim)
 
@@ -79,7 +90,7 @@ class CausalWanTransformer(WanTransformer3DModel):
         return SelfKVCache(
             num_layers=len(self.blocks), batch=batch, tokens_per_frame=self.tokens_per_frame(*latent_hw),
             capacity_frames=capacity_frames, heads=self.num_heads, head_dim=self.head_dim,
-            device=device if device is not None else self.patch_embedding.weight.device,
+            device=device if device is not None else self.execution_device,
             dtype=dtype or self.compute_dtype, rolling=rolling, sink_frames=sink_frames,
         )
 
@@ -95,13 +106,14 @@ class CausalWanTransformer(WanTransformer3DModel):
         dt = d - dh - dw
         theta = 10000.0
 
-        def angles(dim: int, pos: torch.Tensor) -> torch.Tensor:
-            inv = 1.0 / torch.pow(theta, torch.arange(0, dim, 2, dtype=torch.float64)[: dim // 2] / dim)
-            return pos.to(torch.float64).reshape(-1, 1) * inv.reshape(1, -1)
+        wide = _wide_float(device)
 
-        at = angles(dt, torch.arange(offset, offset + f))
-        ah = angles(dh, torch.arange(h))
-        aw = angles(dw, torch.arange(w))
+        def angles(dim: int, start: int, count: int) -> torch.Tensor:
+            exp = torch.arange(0, dim, 2, device=device, dtype=wide)[: dim // 2] / dim
+            pos = torch.arange(start, start + count, device=device, dtype=wide)
+            return pos.reshape(-1, 1) * (1.0 / torch.pow(theta, exp)).reshape(1, -1)
+
+        at, ah, aw = angles(dt, offset, f), angles(dh, 0, h), angles(dw, 0, w)
         ang = torch.cat(
             [
                 at[:, None, None, :].expand(f, h, w, -1),
@@ -110,7 +122,7 @@ class CausalWanTransformer(WanTransformer3DModel):
             ],
             dim=-1,
         ).reshape(f * h * w, 1, d // 2)
-        out = (torch.cos(ang).to(device, torch.float32), torch.sin(ang).to(device, torch.float32))
+        out = (torch.cos(ang).float(), torch.sin(ang).float())
         if len(cache) >= _ROPE_CACHE_MAX:
             cache.pop(next(iter(cache)))
         cache[key] = out
@@ -134,9 +146,9 @@ class CausalWanTransformer(WanTransformer3DModel):
     @torch.inference_mode()
     def prepare_cross_attention(self, prompt_embeds: torch.Tensor) -> CrossAttnCache:
         """Text embedder once, then per-layer cross-attention K (normed) and V."""
-        dev = self.patch_embedding.weight.device
-        ctx = prompt_embeds.to(dev, self.compute_dtype)
-        ctx = self.condition_embedder.text_embedder(ctx)
+        te = self.condition_embedder.text_embedder
+        ctx = prompt_embeds.to(self.execution_device, self._in_dtype(te.linear_1))
+        ctx = te(ctx).to(self.compute_dtype)
         ks, vs = [], []
         for blk in self.blocks:
             attn = blk.attn2
@@ -156,10 +168,8 @@ class CausalWanTransformer(WanTransformer3DModel):
         ce = self.condition_embedder
         b, f = t.shape
         emb = sinusoidal_embedding(t.reshape(-1), ce.timesteps_proj.num_channels)
-        lin = ce.time_embedder.linear_1.weight
-        emb = emb.to(lin.dtype if lin.dtype.itemsize > 1 else self.compute_dtype)
-        temb = ce.time_embedder(emb)
-        proj = ce.time_proj(ce.act_fn(temb.to(self.compute_dtype)))
+        temb = ce.time_embedder(emb.to(self._in_dtype(ce.time_embedder.linear_1)))
+        proj = ce.time_proj(ce.act_fn(temb.to(self._in_dtype(ce.time_proj))))
         return temb.float().reshape(b, f, -1), proj.float().reshape(b, f, 6, -1)
 
     # ------------------------------------------------------------------ core
@@ -208,7 +218,8 @@ class CausalWanTransformer(WanTransformer3DModel):
         if len(cross) != len(self.blocks):
             raise ConfigError("The cross-attention cache was prepared by a different model.")
         gh, gw = hh // ph, ww // pw
-        x = x.to(self.compute_dtype)
+        x = x.to(self.execution_device, self.compute_dtype)
+        t = t.to(x.device)
         h = self.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
         temb, e = self._time(t)
         rope = self._rope(f, gh, gw, frame_offset, h.device)
@@ -271,7 +282,7 @@ class CausalWanTransformer(WanTransformer3DModel):
         """Non-cached forward over ``x [B,C,F,h,w]`` with a block-causal mask; optionally writes all K/V."""
         f, hh, ww = x.shape[2:]
         tpf = self.tokens_per_frame(hh, ww)
-        mask = self.block_causal_mask(f, tpf, frames_per_block, device=self.patch_embedding.weight.device)
+        mask = self.block_causal_mask(f, tpf, frames_per_block, device=self.execution_device)
         slots = None
         if self_kv is not None:
             slots = self_kv.begin_write(frame_offset if cache_frame is None else cache_frame, f)

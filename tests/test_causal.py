@@ -127,6 +127,26 @@ def test_noisy_own_write_equals_foreign_sync(model, prompt):
     assert torch.equal(other.kv.k, own.kv.k) and torch.equal(other.kv.v, own.kv.v)
 
 
+@pytest.mark.parametrize("regime", ["noisy", "global"])
+def test_speculative_history_then_reject(model, prompt, regime):
+    drafter = _denoiser(model, prompt, regime)
+    draft0 = drafter.denoise(0, _noise(0), STEPS)
+    real = BlockHistory()
+    spec = real.extended(HistoryBlock(0, draft0.x0, draft0.last_noisy, draft0.last_t, draft0.token))
+    assert len(real) == 0 and len(spec) == 1
+    drafter.sync(spec)
+    drafter.denoise(1, _noise(1), STEPS)  # drafted on top of the unverified block 0
+    target = _denoiser(model, prompt, regime)
+    t0 = target.denoise(0, _noise(0, seed=5), STEPS)  # block 0 rejected: the target's version wins
+    real.append(HistoryBlock(0, t0.x0, t0.last_noisy, t0.last_t, t0.token))
+    assert drafter.sync(real) == 1 and drafter.kv.frames == [0, 1, 2]
+    fresh = _denoiser(model, prompt, regime)
+    fresh.sync(real)
+    assert torch.equal(drafter.kv.k[:, :, : drafter.kv.filled_tokens], fresh.kv.k[:, :, : fresh.kv.filled_tokens])
+    assert drafter.sync(real) == 0
+    assert torch.equal(drafter.denoise(1, _noise(1), STEPS).x0, fresh.denoise(1, _noise(1), STEPS).x0)
+
+
 def test_noisy_rolling_window_keeps_sinks(model, prompt):
     d = _denoiser(model, prompt, "noisy", num_frames=18, window_frames=9, sink_frames=3)
     assert d.kv.capacity_frames == 9 and d.kv.rolling
