@@ -1,0 +1,255 @@
+"""DiT checkpoint loading: every file format, shape faithfulness against the real 1.3B/14B, bad inputs, fp8."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from sdvg import wan_loading as wl
+from sdvg.errors import ModelFileError
+
+DATA = Path(__file__).resolve().parent / "data"
+CFG = wl.TINY_DRAFTER_CONFIG
+
+
+def _forward(model, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 16, 3, 4, 6, generator=gen).to(dtype)
+    ctx = torch.randn(1, 8, model.config.text_dim, generator=gen).to(dtype)
+    t = torch.tensor([500.0])
+    with torch.no_grad():
+        return model(x, t, ctx, return_dict=False)[0].float()
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, torch.Tensor]:
+    return wl.random_original_state_dict(CFG, seed=7)
+
+
+@pytest.fixture(scope="module")
+def formats(tmp_path_factory, weights) -> dict[str, Path]:
+    """The same tiny weights in every accepted layout."""
+    d = tmp_path_factory.mktemp("formats")
+    meta = {wl.META_NUM_HEADS: str(CFG["num_attention_heads"])}
+    pt_cfg = {"num_heads": CFG["num_attention_heads"]}
+    prefixed = {"model." + k: v for k, v in weights.items()}
+    other = {k: torch.zeros_like(v) for k, v in prefixed.items()}
+    out = {
+        "pt_ema": d / "ema.pt",
+        "pt_generator": d / "gen.pth",
+        "pt_plain": d / "plain.ckpt",
+        "st_model": d / "model_prefix.safetensors",
+        "st_bare": d / "bare.safetensors",
+        "st_comfy": d / "comfy.safetensors",
+        "st_fsdp": d / "fsdp.safetensors",
+        "st_diffusers": d / "diffusers_keys.safetensors",
+        "diffusers_dir": d / "diffusers",
+        "diffusers_sharded": d / "pipeline_root",
+    }
+    torch.save({"generator": other, "generator_ema": prefixed, "config": pt_cfg}, out["pt_ema"])
+    torch.save({"generator": prefixed, "critic": {"x": torch.zeros(1)}, "config": pt_cfg}, out["pt_generator"])
+    torch.save({**weights, "config": pt_cfg}, out["pt_plain"])
+    save_file(prefixed, out["st_model"], metadata=meta)
+    save_file(dict(weights), out["st_bare"], metadata=meta)
+    save_file({"model.diffusion_model." + k: v for k, v in weights.items()}, out["st_comfy"], metadata=meta)
+    save_file({"model._fsdp_wrapped_module." + k: v for k, v in weights.items()}, out["st_fsdp"], metadata=meta)
+    diff = wl.original_to_diffusers(weights)
+    save_file({k: v.contiguous() for k, v in diff.items()}, out["st_diffusers"], metadata=meta)
+    model = wl.build_dit_from_state_dict(diff, CFG)
+    model.save_pretrained(out["diffusers_dir"], safe_serialization=True)
+    model.save_pretrained(out["diffusers_sharded"] / "transformer", safe_serialization=True, max_shard_size="200KB")
+    return out
+
+
+def test_format_parity(formats):
+    ref = ref_sd = None
+    for name, path in formats.items():
+        info = wl.inspect_dit_checkpoint(path)
+        assert info.config == wl.inspect_dit_checkpoint(formats["st_model"]).config, name
+        model = wl.load_dit(path, dtype="fp32")
+        out, sd = _forward(model), model.state_dict()
+        if ref is None:
+            ref, ref_sd = out, sd
+        assert sd.keys() == ref_sd.keys() and all(torch.equal(sd[k], ref_sd[k]) for k in sd), name
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, msg=name)  # BLAS may differ by alignment
+    assert torch.isfinite(ref).all() and 0 < ref.abs().max() < 100
+
+
+def test_inspect_reports_layout(formats):
+    ema = wl.inspect_dit_checkpoint(formats["pt_ema"])
+    assert (ema.format, ema.key_layout, ema.prefix, ema.pt_key) == ("pt", "original", "model.", "generator_ema")
+    assert ema.size_label == "custom: dim 64, 2 layers" and ema.dtype == "float32" and not ema.fp8
+    assert wl.inspect_dit_checkpoint(formats["pt_generator"]).pt_key == "generator"
+    assert wl.inspect_dit_checkpoint(formats["pt_plain"]).pt_key is None
+    assert wl.inspect_dit_checkpoint(formats["st_comfy"]).prefix == "model.diffusion_model."
+    assert wl.inspect_dit_checkpoint(formats["st_bare"]).prefix == ""
+    assert wl.inspect_dit_checkpoint(formats["st_diffusers"]).key_layout == "diffusers"
+    sharded = wl.inspect_dit_checkpoint(formats["diffusers_sharded"])
+    assert sharded.format == "diffusers-dir" and len(sharded.files) > 1
+    n = sum(v.numel() for v in wl.random_original_state_dict(CFG, seed=0).values())
+    assert ema.num_params == n == sharded.num_params
+
+
+def test_pt_prefers_generator_ema(formats, weights):
+    model = wl.load_dit(formats["pt_ema"])
+    assert torch.equal(model.proj_out.weight, weights["head.head.weight"])
+
+
+def test_original_key_shapes_match_real_models():
+    real = json.loads((DATA / "wan21_t2v_key_shapes.json").read_text())
+    for size in ("1.3B", "14B"):
+        assert wl.original_key_shapes(wl.config_for_size(size)) == real[size], size
+
+
+@pytest.mark.parametrize("size", ["1.3B", "14B"])
+def test_real_size_meta_load_maps_every_key(size):
+    real = json.loads((DATA / "wan21_t2v_key_shapes.json").read_text())[size]
+    shapes = {"model." + k: tuple(v) for k, v in real.items()}
+    src = wl._Source(Path(f"fake_{size}.safetensors"), "safetensors", [], shapes, dict.fromkeys(shapes, torch.bfloat16), {})
+    info, raw_to_key = wl._inspect(src)
+    assert info.size_label == size and info.config == wl.config_for_size(size) and info.prefix == "model."
+    assert info.num_params == sum(torch.Size(v).numel() for v in real.values())
+    sd = {raw_to_key[k]: torch.empty(s, device="meta", dtype=torch.bfloat16) for k, s in shapes.items()}
+    model = wl.build_dit_from_state_dict(wl.original_to_diffusers(sd), info.config, dtype=torch.bfloat16, device="meta")
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert len(model.state_dict()) == len(real)
+
+
+def test_assign_keeps_loaded_storage(weights):
+    sd = wl.original_to_diffusers(weights)
+    model = wl.build_dit_from_state_dict(sd, CFG, dtype=torch.float32)
+    params = dict(model.named_parameters())
+    assert all(params[k].data_ptr() == v.data_ptr() for k, v in sd.items())
+
+
+def test_fp8_storage_close_to_bf16(formats):
+    bf16 = wl.load_dit(formats["st_model"], dtype="bf16")
+    fp8 = wl.load_dit(formats["st_model"], dtype="fp8_e4m3fn")
+    assert fp8.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    a, b = _forward(bf16, dtype=torch.bfloat16), _forward(fp8, dtype=torch.bfloat16)
+    assert torch.isfinite(b).all()
+    assert (a - b).abs().max() < 0.1 * a.abs().max() + 0.05
+
+
+def test_keep_fp32_modules_in_half(formats):
+    model = wl.load_dit(formats["st_model"], dtype="bf16")
+    assert model.blocks[0].attn1.to_q.weight.dtype == torch.bfloat16
+    assert model.scale_shift_table.dtype == torch.float32  # diffusers' _keep_in_fp32_modules
+
+
+def test_write_tiny_dits(tmp_path):
+    paths = wl.write_tiny_dits(tmp_path / "a")
+    again = wl.write_tiny_dits(tmp_path / "b")
+    total = 0
+    for key, path in paths.items():
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert digest == hashlib.sha256(again[key].read_bytes()).hexdigest(), key
+        total += path.stat().st_size
+    assert total < 12e6
+    d = wl.inspect_dit_checkpoint(paths["drafter"])
+    t = wl.inspect_dit_checkpoint(paths["target"])
+    assert d.pt_key == "generator_ema" and d.prefix == "model." and d.config == wl.TINY_DRAFTER_CONFIG
+    assert t.format == "safetensors" and t.prefix == "model." and t.dtype == "bfloat16"
+    assert t.config == wl.TINY_TARGET_CONFIG
+    assert d.config["text_dim"] == t.config["text_dim"] == wl.TINY_TEXT_DIM
+    for p in paths.values():
+        out = _forward(wl.load_dit(p))
+        assert torch.isfinite(out).all() and out.abs().max() < 50
+
+
+# --- bad inputs ------------------------------------------------------------------------------------------
+
+
+def _raises(path, *fragments):
+    with pytest.raises(ModelFileError) as err:
+        wl.load_dit(path)
+    msg = str(err.value)
+    assert str(path) in msg or os.path.basename(str(path)) in msg, msg
+    for frag in fragments:
+        assert frag.lower() in msg.lower(), msg
+    return msg
+
+
+def test_missing_file_and_folder(tmp_path):
+    _raises(tmp_path / "nope.safetensors", "not found")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "readme.txt").write_text("x")
+    _raises(tmp_path / "empty", "config.json", "readme.txt")
+    (tmp_path / "unknown.gguf").write_bytes(b"GGUF")
+    _raises(tmp_path / "unknown.gguf", "unknown file type")
+
+
+def test_non_wan_files(tmp_path):
+    vae = {f"decoder.up_blocks.{i}.conv.weight": torch.zeros(2, 2) for i in range(4)}
+    vae["decoder.middle.0.residual.0.gamma"] = torch.zeros(2)
+    save_file(vae, tmp_path / "vae.safetensors")
+    _raises(tmp_path / "vae.safetensors", "not a Wan 2.1 DiT", "found 5 tensors", "VAE")
+    t5 = {"encoder.block.0.layer.0.SelfAttention.q.weight": torch.zeros(2, 2), "shared.weight": torch.zeros(4, 2)}
+    save_file(t5, tmp_path / "umt5.safetensors")
+    _raises(tmp_path / "umt5.safetensors", "text encoder")
+    torch.save({"blip.text_encoder.x": torch.zeros(1)}, tmp_path / "reward.pt")
+    _raises(tmp_path / "reward.pt", "ImageReward")
+
+
+def test_truncated_files(tmp_path, formats):
+    for name in ("st_model", "pt_ema"):
+        data = formats[name].read_bytes()
+        bad = tmp_path / ("cut_" + formats[name].name)
+        bad.write_bytes(data[: len(data) // 2])
+        _raises(bad, "corrupt")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+class _Plain:
+    pass
+
+
+def test_pickle_with_code_is_refused(tmp_path):
+    torch.save({"generator_ema": {"w": torch.zeros(1)}, "obj": _Evil()}, tmp_path / "evil.pt")
+    _raises(tmp_path / "evil.pt", "weights_only", "safetensors")
+    torch.save({"model.x": _Plain()}, tmp_path / "obj.pth")
+    _raises(tmp_path / "obj.pth", "weights_only")
+    (tmp_path / "raw.ckpt").write_bytes(pickle.dumps(_Evil()))
+    _raises(tmp_path / "raw.ckpt", "weights_only")
+
+
+def test_unknown_prefix_missing_keys_i2v_scaled(tmp_path, weights):
+    meta = {wl.META_NUM_HEADS: "2"}
+    save_file({"foo.bar." + k: v for k, v in weights.items()}, tmp_path / "prefix.safetensors", metadata=meta)
+    _raises(tmp_path / "prefix.safetensors", "unknown prefix", "foo.bar.")
+    partial = {k: v for k, v in weights.items() if "blocks.1.ffn" not in k}
+    save_file(partial, tmp_path / "partial.safetensors", metadata=meta)
+    _raises(tmp_path / "partial.safetensors", "missing", "blocks.1.ffn")
+    extra = dict(weights, **{"blocks.0.lora_extra.weight": torch.zeros(2)})
+    save_file(extra, tmp_path / "extra.safetensors", metadata=meta)
+    _raises(tmp_path / "extra.safetensors", "unexpected")
+    i2v = dict(weights, **{"img_emb.proj.1.weight": torch.zeros(2, 2)})
+    save_file(i2v, tmp_path / "i2v.safetensors", metadata=meta)
+    _raises(tmp_path / "i2v.safetensors", "image-to-video", "T2V")
+    scaled = {k: v.to(torch.float8_e4m3fn) if v.ndim == 2 else v for k, v in weights.items()}
+    scaled.update({k[: -len("weight")] + "scale_weight": torch.ones(1) for k, v in weights.items() if v.ndim == 2})
+    scaled["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    save_file(scaled, tmp_path / "wan_fp8_scaled.safetensors", metadata=meta)
+    info = wl.inspect_dit_checkpoint(tmp_path / "wan_fp8_scaled.safetensors")
+    assert info.scaled_fp8 and info.fp8
+    _raises(tmp_path / "wan_fp8_scaled.safetensors", "scaled fp8", "fp8_e4m3fn")
+
+
+def test_plain_fp8_file_loads(tmp_path, weights):
+    fp8 = {k: v.to(torch.float8_e4m3fn) if v.ndim == 2 else v for k, v in weights.items()}
+    save_file(fp8, tmp_path / "plain_fp8.safetensors", metadata={wl.META_NUM_HEADS: "2"})
+    info = wl.inspect_dit_checkpoint(tmp_path / "plain_fp8.safetensors")
+    assert info.fp8 and not info.scaled_fp8
+    out = _forward(wl.load_dit(tmp_path / "plain_fp8.safetensors"))
+    assert torch.isfinite(out).all()
