@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -323,3 +325,35 @@ def test_bad_dtype_and_device(tiny_path):
         StreamingVAE.load(tiny_path, device="cpu", dtype="fp8_e4m3fn")
     with pytest.raises(ConfigError):
         StreamingVAE.load(tiny_path, device="cpu", dtype="int4")
+
+
+def test_real_wan21_layout_is_inferred_from_shapes():
+    """The full-size Wan 2.1 VAE (built on the meta device) round-trips through both key layouts."""
+    from sdvg.vae import _build_model, _infer_config
+
+    with torch.device("meta"):
+        real = AutoencoderKLWan()
+    original = wan_vae_to_original_keys(real.state_dict())
+    assert len(original) == 194  # as in Comfy-Org's wan_2.1_vae.safetensors / Wan2.1_VAE.pth
+    cfg = _infer_config(convert_wan_vae_to_diffusers(dict(original)))
+    assert cfg["base_dim"] == 96 and cfg["dim_mult"] == [1, 2, 4, 4] and cfg["num_res_blocks"] == 2
+    assert cfg["temperal_downsample"] == [False, True, True] and cfg["z_dim"] == 16
+    model = _build_model(Path("wan_2.1_vae.safetensors"), convert_wan_vae_to_diffusers(dict(original)), None)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in real.parameters())
+
+
+def test_wan22_vae_in_diffusers_layout_is_refused(tmp_path):
+    with torch.device("meta"):
+        m22 = AutoencoderKLWan(base_dim=4, z_dim=48, is_residual=True, in_channels=12, out_channels=12,
+                               patch_size=2, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+    sd = {k: torch.zeros(v.shape) for k, v in m22.state_dict().items()}
+    flat = _fake(tmp_path / "wan2.2_vae_diffusers.safetensors", sd)
+    folder = tmp_path / "Wan2.2-TI2V-5B-Diffusers"
+    (folder / "vae").mkdir(parents=True)
+    save_file(sd, str(folder / "vae" / "diffusion_pytorch_model.safetensors"))
+    (folder / "vae" / "config.json").write_text(json.dumps(
+        {"_class_name": "AutoencoderKLWan", "z_dim": 48, "is_residual": True, "base_dim": 4}))
+    for path in (flat, folder):
+        with pytest.raises(ModelFileError, match="Wan 2.2") as info:
+            StreamingVAE.load(path, device="cpu", dtype="fp32")
+        assert path.name in str(info.value)
