@@ -1,0 +1,118 @@
+"""The real frontend in Debian's Chromium (Playwright, no browser download), opt-in:
+
+    SDVG_COMFYUI_DIR=/work/comfyui SDVG_COMFYUI_PYTHON=/work/comfy-venv/bin/python \
+        /work/comfy-venv/bin/python -m pytest -q tests/test_browser_timeline.py
+
+Needs the host variables, /usr/bin/chromium and the ``playwright`` package (in the host venv). Loads the tiny
+workflow, checks the frontend's own API export against our converter's twin, queues it and waits for one
+timeline cell per block. Screenshots go to out/ (gitignored); the last one is copied to docs/ for the README.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.host import comfy_server
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+ENGINE_READY = all(importlib.util.find_spec(f"sdvg.{m}") is not None for m in ("text_encoder", "vae", "causal", "tiny"))
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(comfy_server.host_config() is None, reason=comfy_server.SKIP_REASON),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium"),
+    pytest.mark.skipif(importlib.util.find_spec("playwright") is None,
+                       reason="playwright not installed here: run with $SDVG_COMFYUI_PYTHON -m pytest"),
+]
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    if ENGINE_READY:
+        from sdvg.tiny import make_tiny
+
+        make_tiny(root)
+    srv = comfy_server.ComfyServer(root).start()
+    srv.post("/settings/Comfy.TutorialCompleted", True)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1700, "height": 1000})
+        pg.errors = []
+        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+        pg.goto(server.base)
+        pg.wait_for_function("() => window.__sdvgTimeline && window.app && window.app.graph", timeout=90000)
+        yield pg
+        browser.close()
+
+
+def _load_tiny(page) -> None:
+    workflow = json.loads((REPO / "workflows" / "sdvg_tiny_cpu.json").read_text(encoding="utf-8"))
+    page.evaluate("async (wf) => { await app.loadGraphData(wf); }", workflow)
+
+
+def _declared(info: dict, node_type: str) -> set[str]:
+    spec = info[node_type]["input"]
+    return set(spec.get("required", {})) | set(spec.get("optional", {}))
+
+
+def test_frontend_export_matches_our_api_twin(server, page):
+    _load_tiny(page)
+    exported = page.evaluate("async () => (await app.graphToPrompt()).output")
+    twin = json.loads((REPO / "tests" / "workflows" / "sdvg_tiny_cpu.api.json").read_text(encoding="utf-8"))
+    info = server.get("/object_info")
+
+    def strip(api):  # frontend-only widgets (PreviewAny's 'preview' box) are not node inputs: the server drops them
+        return {k: {"class_type": v["class_type"],
+                    "inputs": {n: x for n, x in v["inputs"].items() if n in _declared(info, v["class_type"])}}
+                for k, v in api.items()}
+
+    assert strip(exported) == strip(twin)
+    assert set(exported) == set(twin)
+    has_widget = page.evaluate(
+        "() => app.graph._nodes.filter(n => n.type === 'SDVGSpeculativeSampler').every(n => !!n.sdvgTimeline)"
+    )
+    assert has_widget
+    saved = page.evaluate(
+        "() => app.graph.serialize().nodes.find(n => n.type === 'SDVGSpeculativeSampler').widgets_values"
+    )
+    original = json.loads((REPO / "workflows" / "sdvg_tiny_cpu.json").read_text(encoding="utf-8"))
+    assert saved == next(n for n in original["nodes"] if n["type"] == "SDVGSpeculativeSampler")["widgets_values"]
+
+
+@pytest.mark.skipif(not ENGINE_READY, reason="engine modules not there yet")
+def test_timeline_fills_one_cell_per_block(page):
+    _load_tiny(page)
+    blocks = page.evaluate(
+        "() => app.graph._nodes.find(n => n.type === 'SDVGSpeculativeSampler').widgets.find(w => w.name === 'blocks').value"
+    )
+    page.evaluate("() => app.queuePrompt(0, 1)")
+    page.wait_for_function(
+        "(n) => document.querySelectorAll('.sdvg-tl-cell.accept, .sdvg-tl-cell.target').length >= n", arg=blocks, timeout=180000
+    )
+    page.wait_for_function("() => !!document.querySelector('.sdvg-tl-frames img[src^=\"blob:\"]')", timeout=30000)
+    cells = page.evaluate("() => [...document.querySelectorAll('.sdvg-tl-cell')].map(c => c.className)")
+    assert len(cells) == blocks and "target" in cells[0]
+    page.wait_for_timeout(1500)
+    out = REPO / "out"
+    out.mkdir(exist_ok=True)
+    shot = out / "sdvg_timeline.png"
+    page.screenshot(path=str(shot))
+    shutil.copyfile(shot, REPO / "docs" / "sdvg_timeline.png")
+    assert not [e for e in page.errors if "sdvg" in e.lower()], page.errors
