@@ -290,7 +290,11 @@ class BlockDenoiser:
         self, block: int, noise: BlockNoise, timesteps: list[float], *, start_step: int = 0,
         x0_init: torch.Tensor | None = None, on_step: Callable[[int, int], None] | None = None,
     ) -> DenoiseResult:
-        """Few-step denoise of one block from ``noise`` (or refine from ``x0_init`` at ``start_step``)."""
+        """Few-step denoise of one block from ``noise`` (or refine from ``x0_init`` at ``start_step``).
+
+        ``on_step(i, n)`` runs before each denoising call (not before the RECOMPUTE context refill); an exception
+        it raises (``CancelledError``) propagates. ``forwards`` in the result includes the refill.
+        """
         self._require_started()
         n = self._check_denoise_args(block, noise, timesteps, start_step, x0_init)
         before = self.forwards
