@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import WanTransformer3DModel as CausalWanTransformer  # DEV-ONLY
 from torch import nn
 
 from .devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
+from .dit import CausalWanTransformer
 from .errors import ModelFileError
 
 logger = logging.getLogger(__name__)
