@@ -562,8 +562,10 @@ class ImageReward(nn.Module):
         n = frames.shape[0]
         step = n if chunk_size is None else chunk_size
         for start in range(0, n, step):
-            pixels = self.preprocess(frames[start : start + step])
-            yield self.score_pixels(pixels, prepared).to("cpu", torch.float32)
+            with torch.inference_mode():  # entered per chunk: never held across a yield
+                pixels = self.preprocess(frames[start : start + step])
+                chunk = self.score_pixels(pixels, prepared).to("cpu", torch.float32)
+            yield chunk
 
     def score(
         self, frames: torch.Tensor, prompt: str | PreparedPrompt, *, chunk_size: int | None = None

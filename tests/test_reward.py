@@ -429,3 +429,15 @@ def test_find_checkpoint(tiny_path, tmp_path):
     assert find_checkpoint(tmp_path).name == "ImageReward.pt"
     with pytest.raises(ModelFileError, match="No ImageReward checkpoint"):
         find_checkpoint(tmp_path / "missing")
+
+
+def test_router_early_exit_with_score_chunks(tiny):
+    from sdvg.router import Router, RouterConfig
+
+    x = frames(12, 40, 72, seed=11)
+    full = tiny.score(x, PROMPT)
+    for tau in (float(full.min()) - 1e-3, float(full.median()), float(full.max()) + 1e-3):
+        want = Router(RouterConfig(tau=tau)).decide(1, full)
+        got = Router(RouterConfig(tau=tau, early_exit=True)).decide_streaming(1, tiny.score_chunks(x, PROMPT, 3))
+        assert got.decision == want.decision
+        assert got.scores == pytest.approx(full.tolist()[: len(got.scores)], abs=1e-6)
