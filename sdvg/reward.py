@@ -309,7 +309,12 @@ def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
                 raise ModelFileError(f"{path}: metadata {SAFETENSORS_CONFIG_KEY} is not JSON ({exc}).") from exc
     else:
         try:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            try:  # mmap keeps the 1.8 GB file out of anonymous memory; legacy (non-zip) pickles cannot mmap
+                state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):
+                    raise
+                state = torch.load(str(path), map_location="cpu", weights_only=True)
         except Exception as exc:  # UnpicklingError, RuntimeError (zip), EOFError ...
             raise ModelFileError(
                 f"{path}: cannot be read as a plain tensor state dict with torch.load(weights_only=True) ({exc}). "

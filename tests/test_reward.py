@@ -441,3 +441,12 @@ def test_router_early_exit_with_score_chunks(tiny):
         got = Router(RouterConfig(tau=tau, early_exit=True)).decide_streaming(1, tiny.score_chunks(x, PROMPT, 3))
         assert got.decision == want.decision
         assert got.scores == pytest.approx(full.tolist()[: len(got.scores)], abs=1e-6)
+
+
+def test_legacy_pickle_format_loads(tiny, tiny_path, tmp_path):
+    state = torch.load(tiny_path, weights_only=True)
+    torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    shutil.copy(tiny_path.with_name(tiny_path.stem + ".config.json"), tmp_path / "legacy.config.json")
+    model = ImageReward.load(tmp_path / "legacy.pt", vocab=tiny_path.with_name(tiny_path.stem + ".vocab.txt"))
+    x = frames(2)
+    assert torch.equal(model.score(x, PROMPT), tiny.score(x, PROMPT))
