@@ -512,14 +512,18 @@ class StreamingVAE:
         z = latents.to(device=self.device, dtype=torch.float32) * self._std + self._mean
         x = self.model.post_quant_conv(z.to(self.dtype))
         dec = self.model.decoder
+        # Work on a fresh list and commit it only when the whole block decoded: an exception (OOM, cancel)
+        # leaves the stream exactly where it was.
+        cache = list(self._cache)
         outs = []
         for i in range(x.shape[2]):
-            outs.append(dec(x[:, :, i:i + 1], feat_cache=self._cache, feat_idx=[0],
-                            first_chunk=self._frames_decoded == 0))
-            self._frames_decoded += 1
+            outs.append(dec(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0],
+                            first_chunk=self._frames_decoded + i == 0))
+        self._cache = cache
+        self._frames_decoded += len(outs)
         self._spatial = (int(latents.shape[3]), int(latents.shape[4]))
         video = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-        frames = (video[0].float().clamp_(-1.0, 1.0) + 1.0) * 0.5      # [3, N, H, W]
+        frames = (video[0].float().clamp(-1.0, 1.0) + 1.0) * 0.5       # [3, N, H, W]
         return frames.permute(1, 2, 3, 0).contiguous()
 
     # ---- snapshots -----------------------------------------------------------------------------------------

@@ -357,3 +357,26 @@ def test_wan22_vae_in_diffusers_layout_is_refused(tmp_path):
         with pytest.raises(ModelFileError, match="Wan 2.2") as info:
             StreamingVAE.load(path, device="cpu", dtype="fp32")
         assert path.name in str(info.value)
+
+
+def test_failed_decode_leaves_stream_untouched(vae):
+    vae.decode_block(_lat(50))
+    before = vae.snapshot()
+    calls = [0]
+
+    def boom(*_):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("simulated out of memory")
+
+    handle = vae.model.decoder.conv_out.register_forward_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="simulated"):
+            vae.decode_block(_lat(51))
+    finally:
+        handle.remove()
+    assert vae.frames_decoded == before.frames_decoded
+    assert all(a is b for a, b in zip(before.entries, vae._cache, strict=True))
+    out = vae.decode_block(_lat(51))
+    vae.restore(before)
+    assert torch.equal(out, vae.decode_block(_lat(51)))
