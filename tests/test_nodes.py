@@ -13,10 +13,9 @@ import torch
 from tests.host import pack, stub
 from tests.host.schema_checks import node_problems
 
-ENGINE_READY = all(
-    importlib.util.find_spec(f"sdvg.{m}") is not None for m in ("text_encoder", "vae", "wan_loading", "causal", "tiny")
-)
-needs_engine = pytest.mark.skipif(not ENGINE_READY, reason="engine modules (text_encoder/vae/causal/...) not there yet")
+ENGINE_READY = all(importlib.util.find_spec(f"sdvg.{m}") is not None for m in ("vae", "wan_loading", "causal", "reward"))
+HAS_TEXT_ENCODER = importlib.util.find_spec("sdvg.text_encoder") is not None
+needs_engine = pytest.mark.skipif(not ENGINE_READY, reason="engine modules (vae/wan_loading/causal/reward) not there yet")
 
 
 @pytest.fixture()
@@ -171,17 +170,30 @@ def test_preview_encoder_drops_instead_of_blocking():
 
 
 # ------------------------------------------------------------------------------------------- engine-backed
-def _tiny_models_dir(tmp_path):
-    from sdvg.tiny import make_tiny
+def _tiny_models_dir(root):
+    """The make-tiny tree; without the engine's text encoder yet, the other four files from their writers."""
+    if HAS_TEXT_ENCODER:
+        from sdvg.tiny import make_tiny
 
-    make_tiny(tmp_path)
-    return tmp_path
+        make_tiny(root)
+        return root
+    from sdvg.reward import write_tiny_image_reward
+    from sdvg.vae import write_tiny_vae
+    from sdvg.wan_loading import write_tiny_dits
+
+    write_tiny_dits(root), write_tiny_vae(root), write_tiny_image_reward(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory):
+    return _tiny_models_dir(tmp_path_factory.mktemp("tiny-models"))
 
 
 @pytest.fixture()
-def tiny_host(tmp_path):
+def tiny_host(tiny_root):
     """Stub host whose model folders are a tiny models tree."""
-    models = _tiny_models_dir(tmp_path / "models")
+    models = tiny_root
     h = stub.install(models)
     import folder_paths
 
@@ -194,14 +206,24 @@ def tiny_host(tmp_path):
         stub.uninstall()
 
 
+@pytest.fixture()
+def tiny_nodes(tiny_host):
+    mod = pack.submodule("nodes")
+    return {cls.define_schema().node_id: cls for cls in mod.node_classes()}
+
+
 def _run_tiny(nodes, *, blocks=3, mode="reward", tau=-0.7, **sampler_kwargs):
     load = nodes["SDVGModelLoader"].execute
     drafter = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
     target = load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
-    te = nodes["SDVGTextEncoderLoader"].execute(model_name="sdvg_tiny_umt5.safetensors", device="cpu", dtype="fp32")[0]
     vae = nodes["SDVGVAELoader"].execute(model_name="sdvg_tiny_vae.safetensors", device="cpu", dtype="fp32")[0]
     reward = nodes["SDVGRewardLoader"].execute(model_name="sdvg_tiny_image_reward.pt", device="cpu")[0]
-    cond = nodes["SDVGTextEncode"].execute(prompt="a red fox in the snow", text_encoder=te)[0]
+    if HAS_TEXT_ENCODER:
+        te = nodes["SDVGTextEncoderLoader"].execute(model_name="sdvg_tiny_umt5.safetensors", device="cpu", dtype="fp32")[0]
+        cond = nodes["SDVGTextEncode"].execute(prompt="a red fox in the snow", text_encoder=te)[0]
+    else:  # the native CONDITIONING path (what CLIPTextEncode with a Wan CLIP gives)
+        native = [[torch.randn(1, 9, drafter.model.config["text_dim"], generator=torch.Generator().manual_seed(0)), {}]]
+        cond = nodes["SDVGTextEncode"].execute(prompt="a red fox in the snow", conditioning=native)[0]
     router = nodes["SDVGRewardRouter"].execute(tau=tau, aggregation="min", quantile=0.1, threshold_mode="fixed",
                                                target_rate=0.72, delta=0.5, mode=mode, random_rate=0.5,
                                                force_reject_first=True, early_exit=False)[0]
@@ -213,7 +235,8 @@ def _run_tiny(nodes, *, blocks=3, mode="reward", tau=-0.7, **sampler_kwargs):
 
 
 @needs_engine
-def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, nodes):
+def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, tiny_nodes):
+    nodes = tiny_nodes
     out, router = _run_tiny(nodes, blocks=3)
     images, latent, report = out.args
     assert images.shape == (33, 64, 64, 3) and images.dtype == torch.float32
@@ -233,7 +256,8 @@ def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, nodes):
 
 
 @needs_engine
-def test_models_are_cached_between_runs(tiny_host, nodes):
+def test_models_are_cached_between_runs(tiny_host, tiny_nodes):
+    nodes = tiny_nodes
     cache = pack.submodule("nodes._cache")
     load = nodes["SDVGModelLoader"].execute
     a = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
@@ -242,7 +266,8 @@ def test_models_are_cached_between_runs(tiny_host, nodes):
 
 
 @needs_engine
-def test_cancel_stops_within_a_step_and_raises_host_interrupt(tiny_host, nodes):
+def test_cancel_stops_within_a_step_and_raises_host_interrupt(tiny_host, tiny_nodes):
+    nodes = tiny_nodes
     import comfy.model_management as mm
 
     tiny_host.interrupt_after_steps = 6  # the user presses Cancel after a few progress updates
@@ -253,7 +278,8 @@ def test_cancel_stops_within_a_step_and_raises_host_interrupt(tiny_host, nodes):
 
 
 @needs_engine
-def test_sampler_config_errors_are_clear(tiny_host, nodes):
+def test_sampler_config_errors_are_clear(tiny_host, tiny_nodes):
+    nodes = tiny_nodes
     from sdvg_pack_under_test.sdvg.errors import ConfigError
 
     with pytest.raises(ConfigError, match="custom_schedule is empty"):
