@@ -298,9 +298,11 @@ def _read_pickle(path: Path) -> dict[str, Any]:
         raise ModelFileError(f"The VAE file {path} holds a {type(obj).__name__}, not a state dict of tensors.")
     non_tensor = [k for k, v in obj.items() if not torch.is_tensor(v)]
     if non_tensor:
+        kind = ("a Self-Forcing/CausVid DiT checkpoint (generator/generator_ema)"
+                if "generator_ema" in obj or "generator" in obj else "e.g. a training checkpoint")
         raise ModelFileError(
             f"The file {path} is not a Wan 2.1 VAE: it holds a dict with non-tensor entries "
-            f"({', '.join(map(str, non_tensor[:5]))}), e.g. a training checkpoint. Pick the VAE file."
+            f"({', '.join(map(str, non_tensor[:5]))}), {kind}. Pick the VAE file."
         )
     return obj
 
