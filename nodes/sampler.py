@@ -155,7 +155,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="All frames [N, H, W, 3], for CreateVideo / SaveVideo."),
-                io.Latent.Output(display_name="latent", tooltip="The final latents {'samples': [1, 16, F, H/8, W/8]} in the normalized Wan latent space the DiTs use."),
+                io.Latent.Output(display_name="latent", tooltip="The final latents {'samples': [1, 16, F, H/8, W/8]} in ComfyUI's Wan 2.1 latent convention (core VAEDecode with the Wan VAE decodes them)."),
                 io.String.Output(display_name="report", tooltip="JSON report: per-block decision, scores, τ, timings; totals (acceptance, speed-up estimate). Feed SDVG Report."),
             ],
             hidden=[io.Hidden.unique_id, io.Hidden.dynprompt],
@@ -268,8 +268,21 @@ class SDVGSpeculativeSampler(io.ComfyNode):
         if frames.dtype == torch.uint8:
             frames = frames.to(torch.float32) / 255.0
         frames = frames.to(dev, torch.float32)
-        latents = result.latents.to(dev, torch.float32)
+        latents = comfy_latent(result.latents, vae.model).to(dev, torch.float32)
         return io.NodeOutput(frames, {"samples": latents}, json.dumps(_jsonable(report), indent=1))
+
+
+def comfy_latent(latents: torch.Tensor, vae) -> torch.Tensor:
+    """Normalized Wan latents (what the DiTs see) → ComfyUI's LATENT convention for Wan 2.1 (raw VAE space:
+    ``z * std + mean``), so core VAEDecode with the Wan VAE decodes them."""
+    if latents.numel() == 0:
+        return latents
+    if hasattr(vae, "denormalize"):
+        return vae.denormalize(latents)
+    mean, std = getattr(vae, "_mean", None), getattr(vae, "_std", None)
+    if mean is None or std is None:
+        return latents
+    return latents.to(mean.device, torch.float32) * std + mean
 
 
 def _jsonable(value):
