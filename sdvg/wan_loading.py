@@ -219,7 +219,7 @@ def _make_config(heads, head_dim, in_ch, out_ch, text_dim, freq_dim, ffn, layers
 
 
 @contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
+def parameters_on_meta() -> Iterator[None]:
     """Create module parameters on the meta device (no memory, no init cost); buffers such as the RoPE tables stay
     real because they are computed in ``__init__`` and are not part of the state dict."""
     original = nn.Module.register_parameter
@@ -238,7 +238,7 @@ def _parameters_on_meta() -> Iterator[None]:
 
 
 def _empty_model(config: dict[str, Any]) -> CausalWanTransformer:
-    with _parameters_on_meta():
+    with parameters_on_meta():
         return CausalWanTransformer(**config)
 
 
