@@ -631,24 +631,29 @@ def inspect_dit_checkpoint(path: str | os.PathLike) -> DiTCheckpointInfo:
 # loading
 
 
+def _read_converted(
+    src: _Source, info: DiTCheckpointInfo, raw_to_key: dict[str, str], device: torch.device
+) -> dict[str, torch.Tensor]:
+    if info.scaled_fp8:
+        raise ModelFileError(
+            f"{src.path}: a 'scaled fp8' checkpoint (it has scale_weight/scaled_fp8 entries). SDVG cannot load these "
+            "DiTs: use a bf16/fp16 file or a plain fp8_e4m3fn file (no '_scaled' in the name) of the same model."
+        )
+    raw = src.read(list(raw_to_key), device)
+    sd = {raw_to_key[k]: v for k, v in raw.items()}
+    if info.key_layout == "original":
+        sd = original_to_diffusers(sd)
+    return sd
+
+
 def read_dit_state_dict(
     path: str | os.PathLike, *, device: str | torch.device = "cpu"
 ) -> tuple[dict[str, torch.Tensor], DiTCheckpointInfo]:
     """The DiT tensors of ``path`` with diffusers key names (prefix stripped, converted), plus the file's info.
-    Tensors keep the stored dtype; safetensors are read straight onto ``device``."""
+    Tensors keep the stored dtype; safetensors are read straight onto ``device``, pickles stay mmapped on CPU."""
     src = _open_source(path)
     info, raw_to_key = _inspect(src)
-    if info.scaled_fp8:
-        raise ModelFileError(
-            f"{src.path}: a 'scaled fp8' checkpoint (it has scale_weight/scaled_fp8 entries). SDVG cannot load these "
-            "DiTs yet: use a bf16/fp16 file or a plain fp8_e4m3fn file (no '_scaled' in the name) of the same model."
-        )
-    dev = torch.device(device)
-    raw = src.read(list(raw_to_key), dev)
-    sd = {raw_to_key[k]: v for k, v in raw.items()}
-    if info.key_layout == "original":
-        sd = original_to_diffusers(sd)
-    return sd, info
+    return _read_converted(src, info, raw_to_key, torch.device(device)), info
 
 
 def _target_dtypes(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.dtype]:
@@ -663,40 +668,56 @@ def _target_dtypes(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.dtyp
     return out
 
 
+def _check_keys(model: nn.Module, state_dict: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> None:
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(state_dict))
+    unexpected = sorted(set(state_dict) - expected)
+    if not (missing or unexpected):
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing (e.g. {_first_keys([diffusers_to_original_key(k) for k in missing], 4)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {_first_keys(unexpected, 4)})")
+    raise ModelFileError(
+        f"{name}: the weights do not match a Wan 2.1 T2V DiT with dim "
+        f"{config['num_attention_heads'] * config['attention_head_dim']} and {config['num_layers']} layers: "
+        f"{'; '.join(parts)}. The file is incomplete or a different model variant."
+    )
+
+
 def build_dit_from_state_dict(
     state_dict: dict[str, torch.Tensor],
     config: dict[str, Any],
     *,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    fp8_storage: bool = False,
     name: str = "checkpoint",
 ) -> CausalWanTransformer:
     """Build ``CausalWanTransformer(**config)`` with meta parameters and assign the diffusers-keyed ``state_dict``
-    (strict). Tensors that already have the wanted dtype and device are used as they are (no copy)."""
+    (strict). Tensors that already have the wanted dtype and device are used as they are (no copy); others are
+    converted one at a time. ``fp8_storage``: the layers diffusers' layerwise casting handles are stored as
+    float8_e4m3fn (computed in ``dtype``, bf16 by default), converted tensor by tensor so the peak stays near the
+    fp8 size."""
     model = _empty_model(config)
     dev = torch.device(device)
-    expected = set(model.state_dict())
-    missing = sorted(expected - set(state_dict))
-    unexpected = sorted(set(state_dict) - expected)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {_first_keys([diffusers_to_original_key(k) for k in missing], 4)})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected (e.g. {_first_keys(unexpected, 4)})")
-        raise ModelFileError(
-            f"{name}: the weights do not match a Wan 2.1 T2V DiT with dim "
-            f"{config['num_attention_heads'] * config['attention_head_dim']} and {config['num_layers']} layers: "
-            f"{'; '.join(parts)}. The file is incomplete or a different model variant."
-        )
-    targets = _target_dtypes(model, dtype) if dtype is not None else {}
+    _check_keys(model, state_dict, config, name)
+    if fp8_storage:
+        dtype = dtype or torch.bfloat16
+        for pname, want in _target_dtypes(model, dtype).items():  # meta: free
+            mod_name, _, attr = pname.rpartition(".")
+            mod = model.get_submodule(mod_name)
+            setattr(mod, attr, nn.Parameter(getattr(mod, attr).to(want), requires_grad=False))
+        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+        targets = {k: p.dtype for k, p in model.named_parameters()}
+    else:
+        targets = _target_dtypes(model, dtype) if dtype is not None else {}
     ready = {}
-    for k, v in state_dict.items():
-        want = targets.get(k, v.dtype if not v.is_floating_point() or dtype is None else dtype)
-        if v.device.type == "meta":
-            ready[k] = v.to(dtype=want) if v.is_floating_point() else v
-        else:
-            ready[k] = v.to(device=dev, dtype=want) if v.is_floating_point() else v.to(dev)
+    for k in list(state_dict):
+        v = state_dict[k]
+        want = targets.get(k, v.dtype) if v.is_floating_point() else v.dtype
+        ready[k] = v.to(dtype=want) if v.device.type == "meta" or dev.type == "meta" else v.to(device=dev, dtype=want)
     try:
         model.load_state_dict(ready, strict=True, assign=True)
     except RuntimeError as exc:
@@ -709,7 +730,7 @@ def build_dit_from_state_dict(
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, info: DiTCheckpointInfo, device: torch.device):
-    """→ (param dtype, fp8_storage flag)."""
+    """→ (param/compute dtype, fp8_storage flag)."""
     stored = getattr(torch, info.dtype, None)
     if device.type == "cuda" and stored in (torch.bfloat16, torch.float16):
         default = stored
@@ -730,19 +751,23 @@ def load_dit(
 
     dtype: ``auto`` (bf16/fp16 files keep their dtype on CUDA, fp8 files get fp8 storage; fp32 on CPU), ``bf16``,
     ``fp16``, ``fp32``, or ``fp8_e4m3fn`` = fp8 weight storage with bf16 compute (diffusers layerwise casting).
+    Modules listed in the model class's ``_keep_in_fp32_modules`` stay fp32 in bf16/fp16, as in diffusers.
     """
     dev = resolve_device(device, what="DiT")
-    sd, info = read_dit_state_dict(path, device=dev)
+    src = _open_source(path)
+    info, raw_to_key = _inspect(src)
     if info.config["in_channels"] != 16 or info.config["out_channels"] != 16:
         raise ModelFileError(
             f"{path}: a DiT with {info.config['in_channels']} input / {info.config['out_channels']} output channels; "
             "SDVG needs a Wan 2.1 T2V model on the 16-channel Wan 2.1 VAE latent space."
         )
     param_dtype, fp8 = _resolve_dtype(dtype, info, dev)
-    model = build_dit_from_state_dict(sd, info.config, dtype=param_dtype, device=dev, name=str(path))
+    # read straight onto the device only when nothing needs converting; otherwise stay on (mmapped) CPU and
+    # convert tensor by tensor while moving, so the device never holds two copies
+    direct = not fp8 and not info.fp8 and info.dtype == str(param_dtype).replace("torch.", "")
+    sd = _read_converted(src, info, raw_to_key, dev if direct else torch.device("cpu"))
+    model = build_dit_from_state_dict(sd, info.config, dtype=param_dtype, device=dev, fp8_storage=fp8, name=str(path))
     del sd
-    if fp8:
-        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
     logger.info("loaded %s as %s on %s", info.summary(), FP8_STORAGE if fp8 else param_dtype, dev)
     return model
 
@@ -752,8 +777,9 @@ def load_dit(
 
 TINY_TEXT_DIM = 64  # d_model of the tiny UMT5 written by text_encoder.write_tiny_text_encoder
 # drafter: dim 64 (2 heads of 32), 2 layers, ffn 256; target: dim 256 (4 heads of 64), 4 layers, ffn 1024.
-# On 2 CPU threads at the demo size (8x12 latents, 3 frames + 3 context frames, 512 text tokens) one target forward
-# costs ~8.5x a drafter forward (~20x when the cross-attention K/V come from the per-prompt cache).
+# One CausalWanTransformer.forward_block at the demo size (8x12 latents, a 3-frame block attending to 3 cached
+# context frames, cross-attention K/V from the prompt cache), fp32 on 2 CPU threads: drafter ~2.4-2.9 ms, target
+# ~37-60 ms (best of 30: 16-21x; medians on a busy machine 8-9.5x).
 TINY_DRAFTER_CONFIG = _make_config(2, 32, 16, 16, TINY_TEXT_DIM, 64, 256, 2, (1, 2, 2))
 TINY_TARGET_CONFIG = _make_config(4, 64, 16, 16, TINY_TEXT_DIM, 64, 1024, 4, (1, 2, 2))
 

@@ -45,6 +45,7 @@ def formats(tmp_path_factory, weights) -> dict[str, Path]:
         "pt_ema": d / "ema.pt",
         "pt_generator": d / "gen.pth",
         "pt_plain": d / "plain.ckpt",
+        "pt_legacy": d / "legacy_format.pt",
         "st_model": d / "model_prefix.safetensors",
         "st_bare": d / "bare.safetensors",
         "st_comfy": d / "comfy.safetensors",
@@ -56,6 +57,7 @@ def formats(tmp_path_factory, weights) -> dict[str, Path]:
     torch.save({"generator": other, "generator_ema": prefixed, "config": pt_cfg}, out["pt_ema"])
     torch.save({"generator": prefixed, "critic": {"x": torch.zeros(1)}, "config": pt_cfg}, out["pt_generator"])
     torch.save({**weights, "config": pt_cfg}, out["pt_plain"])
+    torch.save({"generator_ema": prefixed, "config": pt_cfg}, out["pt_legacy"], _use_new_zipfile_serialization=False)
     save_file(prefixed, out["st_model"], metadata=meta)
     save_file(dict(weights), out["st_bare"], metadata=meta)
     save_file({"model.diffusion_model." + k: v for k, v in weights.items()}, out["st_comfy"], metadata=meta)
@@ -133,6 +135,9 @@ def test_fp8_storage_close_to_bf16(formats):
     bf16 = wl.load_dit(formats["st_model"], dtype="bf16")
     fp8 = wl.load_dit(formats["st_model"], dtype="fp8_e4m3fn")
     assert fp8.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    assert fp8.blocks[0].ffn.net[2].weight.dtype == torch.float8_e4m3fn
+    assert fp8.patch_embedding.weight.dtype == torch.bfloat16  # skipped by layerwise casting
+    assert fp8.scale_shift_table.dtype == torch.float32
     a, b = _forward(bf16, dtype=torch.bfloat16), _forward(fp8, dtype=torch.bfloat16)
     assert torch.isfinite(b).all()
     assert (a - b).abs().max() < 0.1 * a.abs().max() + 0.05
@@ -215,6 +220,7 @@ class _Plain:
     pass
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_pickle_with_code_is_refused(tmp_path):
     torch.save({"generator_ema": {"w": torch.zeros(1)}, "obj": _Evil()}, tmp_path / "evil.pt")
     _raises(tmp_path / "evil.pt", "weights_only", "safetensors")
@@ -253,3 +259,6 @@ def test_plain_fp8_file_loads(tmp_path, weights):
     assert info.fp8 and not info.scaled_fp8
     out = _forward(wl.load_dit(tmp_path / "plain_fp8.safetensors"))
     assert torch.isfinite(out).all()
+    kept = wl.load_dit(tmp_path / "plain_fp8.safetensors", dtype="fp8_e4m3fn")
+    assert kept.blocks[1].attn2.to_v.weight.dtype == torch.float8_e4m3fn
+    torch.testing.assert_close(kept.blocks[1].attn2.to_v.weight.float(), fp8["blocks.1.cross_attn.v.weight"].float())
