@@ -519,9 +519,15 @@ def _is_scaled_fp8(keys: list[str]) -> bool:
 
 
 def _infer_config(src: _Source, layout: str, stripped: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    if src.diffusers_config is not None:
+    dcfg = src.diffusers_config
+    if dcfg is not None and (layout == "original" or "num_attention_heads" not in dcfg):
+        # an original Wan folder (Wan-AI/Wan2.1-T2V-*: config.json with dim/num_heads, original keys)
+        if "num_heads" in dcfg:
+            src.metadata.setdefault(META_NUM_HEADS, dcfg["num_heads"])
+        dcfg = None
+    if dcfg is not None:
         cfg = dict(_FIXED_CONFIG)
-        cfg.update({k: v for k, v in src.diffusers_config.items() if k in _CONFIG_KEYS})
+        cfg.update({k: v for k, v in dcfg.items() if k in _CONFIG_KEYS})
         if "patch_size" in cfg:
             cfg["patch_size"] = tuple(cfg["patch_size"])
         return cfg

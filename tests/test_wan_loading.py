@@ -53,6 +53,7 @@ def formats(tmp_path_factory, weights) -> dict[str, Path]:
         "st_diffusers": d / "diffusers_keys.safetensors",
         "diffusers_dir": d / "diffusers",
         "diffusers_sharded": d / "pipeline_root",
+        "wan_folder": d / "Wan2.1-T2V-tiny",
     }
     torch.save({"generator": other, "generator_ema": prefixed, "config": pt_cfg}, out["pt_ema"])
     torch.save({"generator": prefixed, "critic": {"x": torch.zeros(1)}, "config": pt_cfg}, out["pt_generator"])
@@ -67,6 +68,11 @@ def formats(tmp_path_factory, weights) -> dict[str, Path]:
     model = wl.build_dit_from_state_dict(diff, CFG)
     model.save_pretrained(out["diffusers_dir"], safe_serialization=True)
     model.save_pretrained(out["diffusers_sharded"] / "transformer", safe_serialization=True, max_shard_size="200KB")
+    out["wan_folder"].mkdir()  # Wan-AI's own folder: original config.json (dim, num_heads) + original keys
+    dim = CFG["num_attention_heads"] * CFG["attention_head_dim"]
+    wan_cfg = {"_class_name": "WanModel", "dim": dim, "num_heads": CFG["num_attention_heads"], "model_type": "t2v"}
+    (out["wan_folder"] / "config.json").write_text(json.dumps(wan_cfg))
+    save_file(dict(weights), out["wan_folder"] / "diffusion_pytorch_model.safetensors")
     return out
 
 
