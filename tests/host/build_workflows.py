@@ -103,9 +103,9 @@ def _spec(name, title, subtitle, files, note, *, roles, router, sampler, dtype="
         {"key": "sampler", "type": "SDVGSpeculativeSampler", "pos": [820, 60], "values": sampler, "size": [440, 720]},
         {"key": "video", "type": "CreateVideo", "pos": [1320, 60], "values": {"fps": fps}},
         {"key": "save", "type": "SaveVideo", "pos": [1320, 220], "values": {"filename_prefix": f"video/{name}"}},
-        {"key": "report", "type": "SDVGReport", "pos": [1320, 480], "values": {}},
-        {"key": "chart", "type": "PreviewImage", "pos": [1680, 480], "values": {}},
-        {"key": "summary", "type": "PreviewAny", "pos": [1680, 60], "values": {}},
+        {"key": "report", "type": "SDVGReport", "pos": [1320, 720], "values": {}},
+        {"key": "chart", "type": "PreviewImage", "pos": [1700, 420], "values": {}},
+        {"key": "summary", "type": "PreviewAny", "pos": [1700, 60], "size": [420, 300], "values": {}},
     ]
     if "text_encoder" in roles:
         spec.links.append(("text_encoder", 0, "encode", "text_encoder"))
