@@ -85,7 +85,7 @@ def router_config_from_args(args):
 def resolve_models(args, *, need: tuple[str, ...], log=None):
     """Load the models the run needs; without --models or explicit files, use (and create) the tiny preset."""
     from .pipeline import load_models
-    from .tiny import ensure_tiny
+    from .tiny import ensure_tiny, is_tiny_tree
 
     explicit = {k: getattr(args, k) for k in ("drafter", "target", "vae", "text_encoder", "reward")}
     models_dir, tiny = args.models, False
@@ -97,6 +97,8 @@ def resolve_models(args, *, need: tuple[str, ...], log=None):
                 f"Using the tiny preset in {models_dir} ({'created now' if created else 'cached'}). "
                 "Its random weights make noise videos; pass --models or model files for real ones."
             )
+    if models_dir is not None and is_tiny_tree(models_dir):
+        tiny = True  # a make-tiny folder: default to the tiny size
     models = load_models(
         models_dir, **explicit, need=need, dit_device=args.device, aux_device=args.aux_device or args.device,
         dtype=args.dtype,

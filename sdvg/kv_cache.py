@@ -72,6 +72,13 @@ class SelfKVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self._frames: list[int] = []  # logical frame index held by each filled frame slot (sorted)
+        # One-write undo of a rolling eviction: pipelined verification drafts block b+1 before block b is decided;
+        # if b is then rejected, the frames that b+1's write evicted must come back, or the rewritten block b would
+        # see a shorter window than a plain run. Buffers are allocated on the first eviction and reused.
+        self._undo_k: torch.Tensor | None = None
+        self._undo_v: torch.Tensor | None = None
+        self._undo_frames: list[int] = []
+        self._undo_by: int | None = None  # first frame of the write that caused the stashed eviction
 
     # -- introspection -------------------------------------------------------------------------------
     @property
@@ -100,6 +107,8 @@ class SelfKVCache:
     def reset(self) -> None:
         """Forget all frames (no memory is touched or freed)."""
         self._frames.clear()
+        self._undo_frames = []
+        self._undo_by = None
 
     # -- writes --------------------------------------------------------------------------------------
     def begin_write(self, frame_start: int, num_frames: int) -> WriteSlots:
@@ -112,6 +121,8 @@ class SelfKVCache:
             if self.rolling and frames[pos] != frame_start:
                 raise ConfigError(f"Frame {frame_start} was evicted from the rolling window; it cannot be rewritten.")
             del frames[pos:]  # same-slot overwrite (and drop later frames)
+            if self._undo_by is not None and frame_start < self._undo_by:
+                self._restore_evicted()  # the write that evicted them was dropped: bring them back
         need = len(frames) + num_frames - self.capacity_frames
         if need > 0:
             if not self.rolling:
@@ -137,6 +148,7 @@ class SelfKVCache:
         keep_from = sink + need
         moved = len(frames) - keep_from
         tpf = self.tokens_per_frame
+        self._stash(sink, need, frames[-1] + 1 if frames else 0)
         if moved > 0:
             # Copy left in chunks of `need` frames, ascending: no chunk's source overlaps its destination.
             for off in range(0, moved, need):
@@ -146,6 +158,39 @@ class SelfKVCache:
                 self.k[:, :, dst].copy_(self.k[:, :, src])
                 self.v[:, :, dst].copy_(self.v[:, :, src])
         del frames[sink:keep_from]
+
+    def _stash(self, slot: int, count: int, by_frame: int) -> None:
+        """Keep a copy of the ``count`` frames at ``slot`` that are about to be evicted (one level of undo)."""
+        tpf = self.tokens_per_frame
+        shape = (self.num_layers, self.batch, count * tpf, self.heads, self.head_dim)
+        if self._undo_k is None or self._undo_k.shape[2] < shape[2]:
+            self._undo_k = torch.empty(shape, device=self.k.device, dtype=self.k.dtype)
+            self._undo_v = torch.empty(shape, device=self.v.device, dtype=self.v.dtype)
+        src = slice(slot * tpf, (slot + count) * tpf)
+        self._undo_k[:, :, : count * tpf].copy_(self.k[:, :, src])
+        self._undo_v[:, :, : count * tpf].copy_(self.v[:, :, src])
+        self._undo_frames = self._frames[slot : slot + count]
+        self._undo_by = by_frame
+
+    def _restore_evicted(self) -> None:
+        """Re-insert the stashed frames after the sinks, shifting the others right in place."""
+        frames, sink, tpf = self._frames, self.sink_frames, self.tokens_per_frame
+        n = len(self._undo_frames)
+        if len(frames) + n > self.capacity_frames:
+            raise ConfigError("Cannot restore evicted frames: the rolling window is still full.")
+        tail = len(frames) - sink
+        # Shift [sink, len) right by n, in descending chunks of n frames so no source overlaps its destination.
+        for off in range(tail, 0, -n):
+            count = min(n, off)
+            src = slice((sink + off - count) * tpf, (sink + off) * tpf)
+            dst = slice((sink + off - count + n) * tpf, (sink + off + n) * tpf)
+            self.k[:, :, dst].copy_(self.k[:, :, src])
+            self.v[:, :, dst].copy_(self.v[:, :, src])
+        span = slice(sink * tpf, (sink + n) * tpf)
+        self.k[:, :, span].copy_(self._undo_k[:, :, : n * tpf])
+        self.v[:, :, span].copy_(self._undo_v[:, :, : n * tpf])
+        frames[sink:sink] = self._undo_frames
+        self._undo_frames, self._undo_by = [], None
 
     def prefix_tokens(self, frame_start: int) -> int:
         """Number of cached tokens that belong to frames before ``frame_start`` (for read-only forwards)."""

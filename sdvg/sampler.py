@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -34,6 +34,7 @@ FRAMES_PER_BLOCK = 3
 LATENT_CHANNELS = 16
 VAE_SCALE = 8
 SPATIAL_MULTIPLE = 16  # VAE ×8 then DiT patch ×2
+EARLY_EXIT_CHUNK = 3  # frames scored per forward when the router may stop at the first frame below τ
 
 
 def pixel_frames_for_blocks(num_blocks: int) -> int:
@@ -149,11 +150,13 @@ class SpeculativeSampler:
 
     def __init__(self, models: SDVGModels, router: RouterConfig, config: SamplerConfig):
         self.models = models
-        self.router_config = router
         self.config = config
-        self.scheduler = FlowMatchScheduler()
-        self.router_config.validate()
+        self.router_config = router
         self.check_inputs()
+        # The router's target-rate correction needs the block count; never mutate the caller's config.
+        self.router_config = replace(router, num_blocks=config.num_blocks)
+        self.router_config.validate()
+        self.scheduler = FlowMatchScheduler()
         self.schedule = build_step_schedule(config.schedule, config.num_blocks, self.scheduler)
 
     # ------------------------------------------------------------------ validation
@@ -177,7 +180,7 @@ class SpeculativeSampler:
         if cfg.output_dtype not in ("float", "uint8"):
             raise ConfigError(f"output_dtype must be 'float' or 'uint8', got {cfg.output_dtype!r}.")
         needs_draft = mode != "target-only"
-        needs_target = mode != "draft-only" or self.router_config.force_reject_first
+        needs_target = mode != "draft-only"
         if needs_target and models.target is None:
             raise ConfigError(f"Routing mode '{mode}' needs a target model; none was given.")
         if needs_draft and models.drafter is None:
@@ -338,7 +341,11 @@ class _Run:
         scores = None
         if self.router.needs_scores(draft.block):
             with _Timer.phase("score", timings, self.aux_device):
-                scores = self.s.models.reward.score(frames, self.prompt)
+                if self.router.can_exit_early:
+                    chunks = self.s.models.reward.score_chunks(frames, self.prompt, EARLY_EXIT_CHUNK)
+                    scores = self.router.decide_streaming(draft.block, chunks)
+                else:
+                    scores = self.s.models.reward.score(frames, self.prompt)
         return snapshot, frames, scores
 
     def _verify_on_worker(self, draft: _Draft, ready: torch.cuda.Event | None):
@@ -367,7 +374,7 @@ class _Run:
             snapshot, frames, scores, next_draft = self._verify_while_drafting_next(draft, timings)
         else:
             (snapshot, frames, scores), next_draft = self._verify(draft, timings), None
-        route = self.router.decide(b, scores)
+        route = scores if isinstance(scores, RouteRecord) else self.router.decide(b, scores)
         if route.decision == "accept":
             self.history.append(draft.history_block)
             self.next_draft = next_draft

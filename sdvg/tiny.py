@@ -31,7 +31,7 @@ def make_tiny(models_dir: str | Path) -> dict[str, Path]:
     root.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     paths.update({k: Path(v) for k, v in write_tiny_dits(root).items()})
-    paths["text_encoder"] = Path(write_tiny_text_encoder(root))
+    paths.update({k: Path(v) for k, v in write_tiny_text_encoder(root).items()})
     paths["vae"] = Path(write_tiny_vae(root))
     paths["reward"] = Path(write_tiny_image_reward(root))
     (root / STAMP).write_text(
@@ -60,3 +60,8 @@ def ensure_tiny(models_dir: str | Path | None = None) -> tuple[Path, bool]:
     logger.info("writing the tiny preset models into %s", root)
     make_tiny(root)
     return root, True
+
+
+def is_tiny_tree(models_dir: str | Path) -> bool:
+    """Whether ``models_dir`` was written by :func:`make_tiny`."""
+    return (Path(models_dir) / STAMP).is_file()

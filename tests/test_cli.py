@@ -1,0 +1,73 @@
+"""The `python -m sdvg` CLI on the tiny preset: outputs, options, and clear failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from sdvg.cli import main
+from sdvg.video import read_mp4_frame_count
+
+
+def test_generate_writes_all_outputs(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "v.mp4"
+    code = main([
+        "generate", "--prompt", "a cat", "--models", str(tiny_dir), "--device", "cpu", "--blocks", "3",
+        "--out", str(out), "--report", str(tmp_path / "r.json"), "--save-latents", str(tmp_path / "l.safetensors"),
+        "--save-frames", str(tmp_path / "f.safetensors"), "--timeline", str(tmp_path / "t.png"),
+        "--tau=-inf", "--cache", "global", "--seed", "7",
+    ])
+    assert code == 0
+    assert read_mp4_frame_count(out) == 33
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [b["produced_by"] for b in report["blocks"]] == ["target", "drafter", "drafter"]
+    assert report["settings"]["seed"] == 7 and report["settings"]["cache"] == "global"
+    assert report["settings"]["router"]["tau"] == "-inf"
+    assert load_file(str(tmp_path / "l.safetensors"))["latents"].shape == (1, 16, 9, 8, 8)
+    frames = load_file(str(tmp_path / "f.safetensors"))["frames"]
+    assert frames.shape == (33, 64, 64, 3) and str(frames.dtype) == "torch.uint8"
+    assert (tmp_path / "t.png").stat().st_size > 1000
+    assert "block 2" in capsys.readouterr().out
+
+
+def test_frames_option_trims_and_modes(tiny_dir, tmp_path):
+    out = tmp_path / "v.mp4"
+    code = main([
+        "generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu", "--frames", "20",
+        "--mode", "random", "--random-rate", "0", "--schedule", "diagonal", "--cache", "noisy",
+        "--out", str(out), "--report", str(tmp_path / "r.json"),
+    ])
+    assert code == 0
+    assert read_mp4_frame_count(out) == 20
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [b["steps"] for b in report["blocks"]] == [4, 3]
+    assert report["blocks"][1]["decision"] == "reject"
+
+
+def test_missing_file_is_named(tmp_path, capsys):
+    missing = tmp_path / "nope.safetensors"
+    code = main(["generate", "--prompt", "x", "--target", str(missing), "--mode", "target-only", "--out", str(tmp_path / "v.mp4")])
+    assert code == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [["--width", "50"], ["--tau", "nan"]])
+def test_bad_settings_exit_with_a_message(tiny_dir, tmp_path, bad):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sdvg", "generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu",
+         "--out", str(tmp_path / "v.mp4"), *bad],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2
+    assert ("multiples of 16" in proc.stderr) or ("NaN" in proc.stderr)
+    assert not (tmp_path / "v.mp4").exists()
+
+
+def test_make_tiny_command(tmp_path):
+    assert main(["make-tiny", str(tmp_path / "m")]) == 0
+    for folder in ("diffusion_models", "vae", "text_encoders", "image_reward"):
+        assert any((tmp_path / "m" / folder).iterdir())

@@ -1,0 +1,156 @@
+"""Invariants of the speculative sampler on the tiny models (CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sdvg.causal import BlockDenoiser, BlockHistory, CacheConfig, CacheRegime, HistoryBlock
+from sdvg.errors import ConfigError
+from sdvg.router import RouterConfig
+from sdvg.sampler import SamplerConfig, SpeculativeSampler, pixel_frames_for_blocks
+from sdvg.scheduler import sample_block_noise
+
+PROMPT = "a red fox running through snow"
+REGIMES = [CacheRegime.RECOMPUTE, CacheRegime.GLOBAL, CacheRegime.NOISY]
+
+
+def run(models, *, mode="reward", tau=-0.7, regime=CacheRegime.RECOMPUTE, blocks=4, seed=0, **kw):
+    router_kw = {k: kw.pop(k) for k in list(kw) if k in ("random_rate", "force_reject_first", "aggregation", "threshold")}
+    router = RouterConfig(mode=mode, tau=tau, seed=seed, **router_kw)
+    config = SamplerConfig(num_blocks=blocks, width=64, height=64, seed=seed, cache=CacheConfig(regime=regime), **kw)
+    return SpeculativeSampler(models, router, config).run(PROMPT)
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.value)
+def test_reject_all_is_bit_identical_to_target_only(tiny_models, regime):
+    spec = run(tiny_models, tau=math.inf, regime=regime)
+    ref = run(tiny_models, mode="target-only", regime=regime)
+    assert [b.decision for b in spec.blocks] == ["reject"] * 4
+    assert all(b.produced_by == "target" for b in spec.blocks)
+    assert [b.drafted for b in spec.blocks] == [False, True, True, True]
+    assert torch.equal(spec.latents, ref.latents)
+    assert torch.equal(spec.frames, ref.frames), "decoded frames differ: the VAE restore is not exact"
+    assert spec.frames.shape == (pixel_frames_for_blocks(4), 64, 64, 3)
+
+
+def test_accept_all_equals_drafter_conditioned_on_target_block0(tiny_models):
+    spec = run(tiny_models, tau=-math.inf)
+    ref = run(tiny_models, mode="target-only")
+    assert [b.produced_by for b in spec.blocks] == ["target", "drafter", "drafter", "drafter"]
+    assert torch.equal(spec.latents[:, :, :3], ref.latents[:, :, :3])
+    # Independent composition through the low-level API: the drafter continues from the target's block 0.
+    drafter = BlockDenoiser(tiny_models.drafter, CacheConfig(), name="drafter")
+    drafter.start(tiny_models.text_encoder.encode(PROMPT), latent_shape=(8, 8), num_frames=12)
+    history = BlockHistory()
+    b0 = ref.latents[:, :, :3]
+    history.append(HistoryBlock(index=0, x0=b0, last_noisy=b0, last_t=0.0, token=-1))
+    from sdvg.scheduler import FlowMatchScheduler, build_step_schedule
+
+    steps = build_step_schedule("constant", 4, FlowMatchScheduler())
+    for b in range(1, 4):
+        drafter.sync(history)
+        noise = sample_block_noise(0, b, (1, 16, 3, 8, 8), len(steps[b]), device="cpu", dtype=torch.float32)
+        res = drafter.denoise(b, noise, steps[b])
+        history.append(HistoryBlock(index=b, x0=res.x0, last_noisy=res.last_noisy, last_t=res.last_t, token=res.token))
+    assert torch.equal(spec.latents, history.latents())
+
+
+def test_same_seed_same_video_other_seed_other_video(tiny_models):
+    a = run(tiny_models, mode="random", random_rate=0.5, seed=3)
+    b = run(tiny_models, mode="random", random_rate=0.5, seed=3)
+    c = run(tiny_models, mode="random", random_rate=0.5, seed=4)
+    assert torch.equal(a.frames, b.frames) and torch.equal(a.latents, b.latents)
+    assert [r.decision for r in a.blocks] == [r.decision for r in b.blocks]
+    assert not torch.equal(a.latents, c.latents)
+
+
+def test_random_routing_rate_and_determinism(tiny_models):
+    res = run(tiny_models, mode="random", random_rate=0.5, blocks=16, seed=11)
+    drafted = [b for b in res.blocks if b.drafted]
+    assert len(drafted) == 15
+    rate = sum(b.decision == "accept" for b in drafted) / len(drafted)
+    assert 0.15 <= rate <= 0.85
+    assert res.totals["acceptance"] == pytest.approx(rate)
+    again = run(tiny_models, mode="random", random_rate=0.5, blocks=16, seed=11)
+    assert [b.decision for b in again.blocks] == [b.decision for b in res.blocks]
+    assert all(b.scores == [] for b in drafted), "random routing must not run the reward model"
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.value)
+def test_pipelined_verification_gives_the_same_video(tiny_models, regime):
+    plain = run(tiny_models, mode="random", random_rate=0.5, blocks=6, seed=1, regime=regime)
+    piped = run(tiny_models, mode="random", random_rate=0.5, blocks=6, seed=1, regime=regime, pipelined=True)
+    assert [b.decision for b in piped.blocks] == [b.decision for b in plain.blocks]
+    assert {"accept", "reject"} <= {b.decision for b in plain.blocks if b.drafted}
+    assert torch.equal(piped.latents, plain.latents)
+    assert torch.equal(piped.frames, plain.frames)
+
+
+def test_diagonal_schedule_and_noisy_cache_forward_counts(tiny_models):
+    res = run(tiny_models, mode="target-only", regime=CacheRegime.NOISY, schedule="diagonal", blocks=5)
+    assert [b.steps for b in res.blocks] == [4, 3, 2, 2, 2]
+    # Noisy cache: no clean pass, so the target runs exactly one forward per denoising step.
+    assert [b.forwards["target"] for b in res.blocks] == [4, 3, 2, 2, 2]
+    glob = run(tiny_models, mode="target-only", regime=CacheRegime.GLOBAL, schedule="diagonal", blocks=5)
+    # Global cache: one deferred clean pass per finished block, run when the next block starts.
+    assert [b.forwards["target"] for b in glob.blocks] == [4, 4, 3, 3, 3]
+
+
+def test_refine_on_reject_runs_only_the_remaining_steps(tiny_models):
+    res = run(tiny_models, tau=math.inf, regime=CacheRegime.NOISY, refine_from_step=2)
+    for rec in res.blocks[1:]:
+        assert rec.forwards["target"] == 2  # steps 2..3 only; its own previous block is already in its cache
+        assert rec.forwards["drafter"] == 4 + 1  # 4 draft steps + writing the target's previous block
+
+
+def test_cancel_stops_within_one_step_and_keeps_finished_blocks(tiny_models):
+    calls = {"n": 0}
+
+    def cancel():
+        calls["n"] += 1
+        return calls["n"] > 10  # block 0 (4 target steps) + block 1 draft (4) + part of block 2
+
+    router = RouterConfig(mode="random", random_rate=1.0)
+    sampler = SpeculativeSampler(tiny_models, router, SamplerConfig(num_blocks=5, width=64, height=64))
+    steps_seen = []
+    result = sampler.run(PROMPT, cancel=cancel, on_step=lambda ev: steps_seen.append((ev.block, ev.step)))
+    assert result.partial
+    assert len(result.blocks) == 2
+    assert result.frames.shape[0] == 9 + 12
+    assert len(steps_seen) == 10, "no model call may run after the cancel callback said stop"
+    assert result.latents.shape[2] == 6
+
+
+def test_report_fields(tiny_models):
+    res = run(tiny_models, tau=0.0)
+    rep = res.report()
+    assert rep["settings"]["cache"] == "recompute" and rep["partial"] is False
+    for block in rep["blocks"]:
+        assert {"block", "decision", "reason", "q", "scores", "tau", "produced_by", "steps", "timings"} <= set(block)
+    drafted = [b for b in rep["blocks"] if b["drafted"]]
+    assert all(len(b["scores"]) == 12 and b["q"] == min(b["scores"]) for b in drafted)
+    assert rep["totals"]["est_target_only_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"width": 60}, "multiples of 16"),
+        ({"height": 0}, "multiples of 16"),
+        ({"num_blocks": 0}, "at least 1"),
+        ({"refine_from_step": 0}, "refine_from_step"),
+    ],
+)
+def test_bad_settings_are_refused_clearly(tiny_models, kw, match):
+    base = {"num_blocks": 2, "width": 64, "height": 64}
+    base.update(kw)
+    with pytest.raises(ConfigError, match=match):
+        SpeculativeSampler(tiny_models, RouterConfig(), SamplerConfig(**base))
+
+
+def test_nan_tau_is_refused(tiny_models):
+    with pytest.raises(ConfigError):
+        SpeculativeSampler(tiny_models, RouterConfig(tau=float("nan")), SamplerConfig(num_blocks=2, width=64, height=64))
