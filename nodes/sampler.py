@@ -273,16 +273,11 @@ class SDVGSpeculativeSampler(io.ComfyNode):
 
 
 def comfy_latent(latents: torch.Tensor, vae) -> torch.Tensor:
-    """Normalized Wan latents (what the DiTs see) → ComfyUI's LATENT convention for Wan 2.1 (raw VAE space:
-    ``z * std + mean``), so core VAEDecode with the Wan VAE decodes them."""
+    """Normalized Wan latents (what the DiTs see) → ComfyUI's LATENT convention for Wan 2.1 (the raw VAE space,
+    ``StreamingVAE.denormalize``), so core VAEDecode with the Wan VAE decodes them."""
     if latents.numel() == 0:
-        return latents
-    if hasattr(vae, "denormalize"):
-        return vae.denormalize(latents)
-    mean, std = getattr(vae, "_mean", None), getattr(vae, "_std", None)
-    if mean is None or std is None:
-        return latents
-    return latents.to(mean.device, torch.float32) * std + mean
+        return latents.to(torch.float32)
+    return vae.denormalize(latents)
 
 
 def _jsonable(value):

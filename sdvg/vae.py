@@ -467,6 +467,28 @@ class StreamingVAE:
         logger.info("Loaded Wan 2.1 VAE from %s (%s) on %s as %s", path, fmt, dev, dt)
         return cls(model, source=str(path))
 
+    # ---- latent normalization ------------------------------------------------------------------------------
+    def _check_channels(self, latents: torch.Tensor, what: str) -> None:
+        if not torch.is_tensor(latents) or latents.ndim != 5 or latents.shape[1] != self.z_dim:
+            shape = tuple(latents.shape) if torch.is_tensor(latents) else type(latents).__name__
+            raise ConfigError(f"{what} needs latents [B, {self.z_dim}, F, h, w]; got {shape}.")
+
+    def denormalize(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalized latents (what the DiTs see) → the raw VAE latent space: ``z * std + mean`` per channel.
+
+        The raw space is ComfyUI's LATENT convention for Wan 2.1 (its ``Wan21`` latent format normalizes on the way
+        in), so core ``VAEDecode`` with the Wan VAE decodes the result. Returns float32 on the input's device.
+        """
+        self._check_channels(latents, "denormalize")
+        x = latents.to(torch.float32)
+        return x * self._std.to(x.device) + self._mean.to(x.device)
+
+    def normalize(self, latents: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`denormalize`: raw VAE latents → normalized ``(z - mean) / std`` (float32, input's device)."""
+        self._check_channels(latents, "normalize")
+        x = latents.to(torch.float32)
+        return (x - self._mean.to(x.device)) / self._std.to(x.device)
+
     # ---- streaming decode ----------------------------------------------------------------------------------
     def reset(self) -> None:
         """Start a new video: empty decoder feature cache."""
@@ -511,7 +533,7 @@ class StreamingVAE:
         (float32).
         """
         self._check_latents(latents)
-        z = latents.to(device=self.device, dtype=torch.float32) * self._std + self._mean
+        z = self.denormalize(latents.to(device=self.device))
         x = self.model.post_quant_conv(z.to(self.dtype))
         dec = self.model.decoder
         # Work on a fresh list and commit it only when the whole block decoded: an exception (OOM, cancel)
@@ -573,7 +595,7 @@ class StreamingVAE:
         cache: list = [None] * self._n_enc
         enc = self.model.quant_conv(self.model.encoder(x, feat_cache=cache, feat_idx=[0]))
         mu = enc[:, : self.z_dim].float()
-        return (mu - self._mean) / self._std
+        return self.normalize(mu)
 
     def __repr__(self) -> str:
         cfg = self.model.config

@@ -380,3 +380,31 @@ def test_failed_decode_leaves_stream_untouched(vae):
     out = vae.decode_block(_lat(51))
     vae.restore(before)
     assert torch.equal(out, vae.decode_block(_lat(51)))
+
+
+# ---- latent normalization (public; the ComfyUI LATENT output uses it) ---------------------------------------
+
+def test_denormalize_matches_config_stats_and_normalize_inverts_it(vae):
+    z = _lat(11)
+    raw = vae.denormalize(z)
+    assert raw.dtype == torch.float32 and raw.device == z.device and raw.shape == z.shape
+    assert torch.equal(raw, _unnormalize(vae, z))
+    torch.testing.assert_close(vae.normalize(raw), z, rtol=0, atol=1e-5)
+    assert torch.equal(vae.denormalize(z.to(torch.bfloat16)), _unnormalize(vae, z.to(torch.bfloat16).float()))
+    assert torch.equal(z, _lat(11))  # input untouched
+
+
+def test_decode_block_is_the_raw_vae_decode_of_denormalize(vae):
+    z = _lat(12)
+    frames = vae.decode_block(z)
+    ref = vae.model.decode(vae.denormalize(z)).sample
+    ref = ((ref[0].clamp(-1, 1) + 1) * 0.5).permute(1, 2, 3, 0)
+    torch.testing.assert_close(frames, ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(1, 8, 3, 4, 4), torch.zeros(16, 3, 4, 4)])
+def test_denormalize_rejects_wrong_shapes(vae, bad):
+    with pytest.raises(ConfigError, match="16"):
+        vae.denormalize(bad)
+    with pytest.raises(ConfigError, match="16"):
+        vae.normalize(bad)
