@@ -1,0 +1,1054 @@
+"""``python -m sdvg bench``: one-process speed benchmark of the speculative sampler, with a cost-model bound.
+
+Every row ("variant") is run ``warmup`` times untimed and ``repeats`` times timed; medians are reported.
+
+What is measured (per timed run)
+- ``wall``: ``SpeculativeSampler.run`` from call to return (prompt embeddings are precomputed; the sampler's
+  per-video setup, cross-attention K/V and cache allocation, is inside).
+- Every model call is traced by wrapping the instances' methods (no engine change): ``forward_block`` of the
+  target and the drafter, ``prepare_cross_attention`` ("setup"), ``StreamingVAE.decode_block`` ("decode") and
+  ``ImageReward.score`` ("score"). On CUDA each traced call synchronizes before and after, so its duration is
+  its device time.
+- ``overhead`` = 1 − |union of traced call intervals| / wall: the share of wall time spent outside model, VAE and
+  reward calls (Python, routing, noise sampling, re-noising, frame copies, thread hand-offs). The union (not the
+  sum) keeps it right when pipelined verification overlaps calls on two threads.
+
+Cost model and bound
+- A per-call cost table is measured in the same bench run: the mean duration of each call kind (target forward,
+  drafter forward, decode, score, setup), pooled over all timed runs that use the same cache regime.
+- ``predicted(row) = Σ_kind count_kind(row) × cost_kind``, where the counts are the calls the row's acceptance
+  pattern needed (taken from the trace; they are deterministic for a pattern).
+- ``bound = predicted(target-only baseline) / predicted(row)``: the speedup over target-only that the row would
+  reach with zero overhead and no overlap. ``speedup = wall(baseline) / wall(row)`` (medians), and
+  ``efficiency = speedup / bound``. Pipelined rows overlap decode+score with drafting, so they may exceed 1.
+
+Acceptance is forced, so it does not depend on random weights: ``random`` rows use the random router with a router
+seed chosen so that the realized acceptance equals the level exactly (the draws are simulated with the same
+``random.Random(seed)`` sequence the router uses; the realized pattern is checked after each run). ``scored`` rows
+run the real SDVG path (reward mode, fixed τ = 0, min aggregation: snapshot, decode, ImageReward on every frame)
+and replace the returned scores by +1 / −1 following the same pattern, so the cost of scoring is paid as in a real
+run while the decision is forced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import random
+import resource
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+CALL_KINDS = ("target", "drafter", "decode", "score", "setup")
+PHASES = ("draft", "decode", "score", "target", "cache", "output", "verify_wait")
+BENCH_PROMPT = "a red fox running through fresh snow at sunrise, cinematic"
+SCHEMA = "sdvg-bench/1"
+GOAL_EFFICIENCY = 0.95
+GOAL_OVERHEAD = 0.03
+GOAL_FLAT_GROWTH = 0.10  # per-block time of the last third within 10 % of the first third (blocks ≥ 1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# variants
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One benchmark row. ``router``: target-only | draft-only | random | scored."""
+
+    name: str
+    router: str
+    level: float | None = None
+    regime: str = "recompute"
+    schedule: str = "constant"
+    pipelined: bool = False
+    refine_from_step: int | None = None
+    group: str = "sweep"
+
+    @property
+    def baseline_key(self) -> str:
+        return f"{self.regime}/{self.schedule}"
+
+
+def default_variants(profile: str = "tiny", levels: Sequence[float] = LEVELS) -> list[Variant]:
+    """The default rows. ``tiny``: everything; ``real-size``: the scored (real-cost) rows only."""
+    pct = {lv: f"{round(lv * 100)}%" for lv in levels}
+    rows = [
+        Variant("target-only", "target-only", group="baseline"),
+        Variant("draft-only", "draft-only", group="baseline"),
+    ]
+    if profile == "tiny":
+        rows += [Variant(f"random @{pct[lv]}", "random", lv, group="random") for lv in levels]
+    rows += [Variant(f"scored @{pct[lv]}", "scored", lv, group="scored") for lv in levels]
+    piped = levels if profile == "tiny" else [lv for lv in levels if lv >= 0.75]
+    rows += [Variant(f"pipelined @{pct[lv]}", "scored", lv, pipelined=True, group="pipelined") for lv in piped]
+    mid = 0.5 if 0.5 in levels else levels[len(levels) // 2]
+    hi = 0.75 if 0.75 in levels else levels[-1]
+    rows += [
+        Variant(f"refine@2 @{pct.get(mid, mid)}", "scored", mid, refine_from_step=2, group="refine"),
+        Variant("target-only noisy", "target-only", regime="noisy", group="noisy"),
+        Variant(f"scored noisy @{pct.get(hi, hi)}", "scored", hi, regime="noisy", group="noisy"),
+        Variant("target-only diagonal", "target-only", regime="noisy", schedule="diagonal", group="diagonal"),
+        Variant(f"scored diagonal @{pct.get(hi, hi)}", "scored", hi, regime="noisy", schedule="diagonal",
+                group="diagonal"),
+    ]
+    if profile == "tiny":
+        rows.append(Variant("target-only global", "target-only", regime="global", group="global"))
+    return rows
+
+
+def exact_pattern_seed(n_drafted: int, level: float, *, limit: int = 1_000_000) -> tuple[int, list[bool]]:
+    """A router seed whose random draws accept exactly ``round(level × n_drafted)`` of the drafted blocks.
+
+    The random router accepts drafted block i (in block order) iff the i-th ``random.Random(seed).random()`` draw
+    is below ``random_rate``; with ``random_rate = level`` we search seeds 0, 1, … for the wanted count.
+    """
+    if not 0.0 <= level <= 1.0:
+        raise ConfigError(f"Acceptance level {level} is outside [0, 1].")
+    want = round(level * n_drafted)
+    for seed in range(limit):
+        rng = random.Random(seed)
+        pattern = [rng.random() < level for _ in range(n_drafted)]
+        if sum(pattern) == want:
+            return seed, pattern
+    raise ConfigError(f"No router seed below {limit} accepts exactly {want} of {n_drafted} blocks at rate {level}.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# call tracing
+
+
+class Instrument:
+    """Wraps model methods on the instances to time every call; optionally forces the reward decisions."""
+
+    def __init__(self, device: torch.device | None = None, *, sanitize_frames: bool = False):
+        self.device = device
+        self.sanitize_frames = sanitize_frames
+        self.events: list[tuple[str, float, float]] = []
+        self.score_pattern: list[bool] | None = None
+        self.score_calls = 0
+        self._lock = threading.Lock()
+        self._installed: list[tuple[object, str]] = []
+
+    def _sync(self) -> None:
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _wrap(self, obj, attr: str, kind: str, post: Callable | None = None) -> None:
+        original = getattr(obj, attr)
+
+        def traced(*args, **kwargs):
+            self._sync()
+            start = time.perf_counter()
+            try:
+                out = original(*args, **kwargs)
+                self._sync()
+            finally:
+                end = time.perf_counter()
+                self.events.append((kind, start, end))
+            return post(out) if post is not None else out
+
+        setattr(obj, attr, traced)  # an instance attribute shadows the class method
+        self._installed.append((obj, attr))
+
+    def install(self, models) -> Instrument:
+        for name in ("target", "drafter"):
+            model = getattr(models, name, None)
+            if model is not None:
+                self._wrap(model, "forward_block", name)
+                self._wrap(model, "prepare_cross_attention", "setup")
+        self._wrap(models.vae, "decode_block", "decode", self._post_decode if self.sanitize_frames else None)
+        if getattr(models, "reward", None) is not None:
+            self._wrap(models.reward, "score", "score", self._post_score)
+        return self
+
+    def uninstall(self) -> None:
+        for obj, attr in reversed(self._installed):
+            try:
+                delattr(obj, attr)
+            except AttributeError:
+                pass
+        self._installed.clear()
+
+    @staticmethod
+    def _post_decode(frames: torch.Tensor) -> torch.Tensor:
+        # random real-size VAE weights may overflow bf16; keep the reward model's input valid (timing unaffected)
+        return frames.nan_to_num_(0.5)
+
+    def _post_score(self, scores: torch.Tensor) -> torch.Tensor:
+        if self.score_pattern is None:
+            return scores
+        with self._lock:
+            i, self.score_calls = self.score_calls, self.score_calls + 1
+        accept = self.score_pattern[i] if i < len(self.score_pattern) else False
+        return torch.full_like(scores, 1.0 if accept else -1.0)
+
+    def begin(self, score_pattern: list[bool] | None = None) -> None:
+        self.events = []
+        self.score_pattern = score_pattern
+        self.score_calls = 0
+
+    def end(self) -> list[tuple[str, float, float]]:
+        events, self.events = self.events, []
+        self.score_pattern = None
+        return events
+
+
+def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+# ----------------------------------------------------------------------------------------------------------
+# memory
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter (VmHWM) of this process; False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM from /proc (resettable), else the lifetime peak from getrusage."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def kv_bytes_for(model, regime: str, num_frames: int, latent_hw: tuple[int, int], window: int, sinks: int) -> int:
+    """Self-attention KV-cache bytes the sampler allocates for ``model`` (the denoiser's own capacity rule)."""
+    from .causal import BlockDenoiser, CacheConfig
+    from .kv_cache import kv_cache_nbytes
+
+    cache = CacheConfig(regime=regime, window_frames=window, sink_frames=sinks)
+    cap, _, _ = BlockDenoiser(model, cache, name="plan")._capacity(num_frames)
+    return kv_cache_nbytes(
+        num_layers=len(model.blocks), capacity_frames=cap, tokens_per_frame=model.tokens_per_frame(*latent_hw),
+        heads=model.num_heads, head_dim=model.head_dim, dtype=model.compute_dtype,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# settings, one run
+
+
+@dataclass
+class BenchSettings:
+    profile: str = "tiny"
+    blocks: int = 9
+    width: int = 64
+    height: int = 64
+    seed: int = 0
+    repeats: int = 3
+    warmup: int = 1
+    threads: int | None = None
+    levels: tuple[float, ...] = LEVELS
+    window: int = 12
+    sinks: int = 3
+    prompt: str = BENCH_PROMPT
+    only: tuple[str, ...] = ()  # variant groups or names to run (empty: all)
+
+
+@dataclass
+class RunMeasure:
+    wall: float
+    busy: float
+    in_calls: float
+    counts: dict[str, int]
+    call_seconds: dict[str, float]
+    phases: dict[str, float]
+    per_block: list[float]
+    decisions: list[str]
+    produced_by: list[str]
+    durations: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _configs(v: Variant, s: BenchSettings, pattern_seed: int):
+    from .causal import CacheConfig
+    from .router import RouterConfig
+    from .sampler import SamplerConfig
+
+    if v.router == "random":
+        router = RouterConfig(mode="random", random_rate=float(v.level), seed=pattern_seed)
+    elif v.router == "scored":
+        router = RouterConfig(mode="reward", tau=0.0, aggregation="min", threshold="fixed")
+    elif v.router in ("target-only", "draft-only"):
+        router = RouterConfig(mode=v.router)
+    else:
+        raise ConfigError(f"Unknown bench router {v.router!r}.")
+    config = SamplerConfig(
+        num_blocks=s.blocks, width=s.width, height=s.height, seed=s.seed,
+        cache=CacheConfig(regime=v.regime, window_frames=s.window, sink_frames=s.sinks),
+        schedule=v.schedule, pipelined=v.pipelined, refine_from_step=v.refine_from_step,
+    )
+    return router, config
+
+
+def run_once(models, v: Variant, s: BenchSettings, instr: Instrument, embeds: torch.Tensor,
+             pattern: tuple[int, list[bool]] | None) -> tuple[RunMeasure, Any]:
+    from .sampler import SpeculativeSampler
+
+    seed, accept = pattern if pattern is not None else (0, None)
+    router, config = _configs(v, s, seed)
+    sampler = SpeculativeSampler(models, router, config)
+    instr.begin(accept if v.router == "scored" else None)
+    start = time.perf_counter()
+    try:
+        result = sampler.run(s.prompt, prompt_embeds=embeds)
+    finally:
+        wall = time.perf_counter() - start
+        events = instr.end()
+    counts = {k: 0 for k in CALL_KINDS}
+    secs = {k: 0.0 for k in CALL_KINDS}
+    durations: dict[str, list[float]] = {k: [] for k in CALL_KINDS}
+    for kind, a, b in events:
+        counts[kind] += 1
+        secs[kind] += b - a
+        durations[kind].append(b - a)
+    phases = {p: 0.0 for p in PHASES}
+    per_block = []
+    for r in result.blocks:
+        per_block.append(sum(val for k, val in r.timings.items() if k != "verify_wait"))
+        for k, val in r.timings.items():
+            phases[k] = phases.get(k, 0.0) + val
+    m = RunMeasure(
+        wall=wall, busy=busy_seconds([(a, b) for _, a, b in events]), in_calls=sum(secs.values()), counts=counts,
+        call_seconds=secs, phases=phases, per_block=per_block,
+        decisions=[r.decision for r in result.blocks], produced_by=[r.produced_by for r in result.blocks],
+        durations=durations,
+    )
+    return m, result
+
+
+# ----------------------------------------------------------------------------------------------------------
+# cost model
+
+
+def cost_table(runs: Sequence[RunMeasure]) -> dict[str, float | None]:
+    """Mean seconds per call of each kind, pooled over ``runs``."""
+    out: dict[str, float | None] = {}
+    for kind in CALL_KINDS:
+        n = sum(r.counts.get(kind, 0) for r in runs)
+        out[kind] = (sum(r.call_seconds.get(kind, 0.0) for r in runs) / n) if n else None
+    return out
+
+
+def predicted_seconds(counts: dict[str, int], costs: dict[str, float | None]) -> float:
+    """Σ count × mean cost over the call kinds (a kind with calls but no measured cost is an error)."""
+    total = 0.0
+    for kind, n in counts.items():
+        if not n:
+            continue
+        c = costs.get(kind)
+        if c is None:
+            raise ConfigError(f"No measured cost for call kind {kind!r}.")
+        total += n * c
+    return total
+
+
+def pattern_counts(accept: Sequence[bool], *, steps: Sequence[int], scored: bool = True,
+                   refine_from_step: int | None = None) -> dict[str, int]:
+    """Calls a plain (non-pipelined) recompute-regime run needs for an acceptance pattern over drafted blocks
+    1..N-1 (block 0 is the target's). The analytic twin of the traced counts: the report cross-checks them.
+
+    Every denoise of a block b ≥ 1 adds one context-refill forward; a rejected block is decoded twice (draft, then
+    the target's block); refine-on-reject from step k runs the target's steps k..n-1 only.
+    """
+    n = len(steps)
+    if len(accept) != n - 1:
+        raise ConfigError(f"The pattern has {len(accept)} entries for {n - 1} drafted blocks.")
+    c = {"target": steps[0], "drafter": 0, "decode": 1, "score": 0}
+    for b in range(1, n):
+        c["drafter"] += steps[b] + 1
+        c["decode"] += 1
+        c["score"] += 1 if scored else 0
+        if not accept[b - 1]:
+            k = refine_from_step if refine_from_step is not None and refine_from_step < steps[b] else 0
+            c["target"] += steps[b] - k + 1
+            c["decode"] += 1
+    return c
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the bench
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _growth(per_block: Sequence[float]) -> float | None:
+    """mean(last third of blocks ≥ 1) / mean(first third) − 1: 0 means flat."""
+    xs = list(per_block[1:])
+    if len(xs) < 3:
+        return None
+    k = max(1, len(xs) // 3)
+    first, last = statistics.fmean(xs[:k]), statistics.fmean(xs[-k:])
+    return last / first - 1.0 if first > 0 else None
+
+
+def _select(variants: list[Variant], only: Sequence[str]) -> list[Variant]:
+    if not only:
+        return variants
+    keep = [v for v in variants if v.group in only or v.name in only or v.group == "baseline" and v.router == "target-only"
+            and v.regime == "recompute"]
+    return keep
+
+
+def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.Tensor,
+              variants: list[Variant] | None = None, log: Callable[[str], None] | None = None,
+              sanitize_frames: bool = False, extra: dict | None = None) -> dict:
+    """Run every variant in one process and return the JSON-able report."""
+    variants = _select(variants if variants is not None else default_variants(s.profile, s.levels), s.only)
+    if not any(v.router == "target-only" and v.baseline_key == "recompute/constant" for v in variants):
+        variants.insert(0, Variant("target-only", "target-only", group="baseline"))
+    n_drafted = s.blocks - 1
+    if n_drafted < 1:
+        raise ConfigError("The bench needs at least 2 blocks (block 0 is always the target's).")
+    patterns: dict[float, tuple[int, list[bool]]] = {}
+    for v in variants:
+        if v.level is not None and v.level not in patterns:
+            patterns[v.level] = exact_pattern_seed(n_drafted, v.level)
+    instr = Instrument(device, sanitize_frames=sanitize_frames).install(models)
+    latent_hw = (s.height // 8, s.width // 8)
+    measured: dict[str, list[RunMeasure]] = {v.name: [] for v in variants}
+    peaks: dict[str, list[int | None]] = {v.name: [] for v in variants}
+    last: dict[str, Any] = {}
+    try:
+        # Round-robin: every row's k-th run happens in the same pass, so slow drifts of a shared machine (other
+        # processes, thermal state) hit all rows alike instead of whichever rows ran during the disturbance.
+        for _ in range(s.warmup):
+            for v in variants:
+                run_once(models, v, s, instr, embeds, patterns.get(v.level))
+        for rep in range(max(1, s.repeats)):
+            for v in variants:
+                reset_peak_rss()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                m, last[v.name] = run_once(models, v, s, instr, embeds, patterns.get(v.level))
+                measured[v.name].append(m)
+                peaks[v.name].append(peak_rss_bytes())
+                peaks[v.name + "/cuda"] = peaks.get(v.name + "/cuda", []) + (
+                    [torch.cuda.max_memory_allocated(device)] if device.type == "cuda" else [])
+                if log:
+                    log(f"  [{rep + 1}/{s.repeats}] {v.name:26s} wall {m.wall:.3f}s")
+    finally:
+        instr.uninstall()
+    rows: list[dict] = []
+    for v in variants:
+        row = _row_basics(v, measured[v.name], patterns.get(v.level), models, s, latent_hw, last[v.name])
+        row["peak_rss_bytes"] = max(p for p in peaks[v.name] if p is not None)
+        cuda = peaks.get(v.name + "/cuda") or []
+        row["cuda_peak_bytes"] = max(cuda) if cuda else None
+        rows.append(row)
+    return _finish_report(rows, variants, measured, s, device, extra or {})
+
+
+def _row_basics(v: Variant, runs: list[RunMeasure], pattern, models, s: BenchSettings, latent_hw, result) -> dict:
+    first = runs[0]
+    accepted = sum(1 for r in result.blocks if r.drafted and r.decision == "accept")
+    n_drafted = sum(1 for r in result.blocks if r.drafted)
+    consistent = all(r.counts == first.counts and r.decisions == first.decisions for r in runs)
+    expected = None
+    if pattern is not None:
+        expected = pattern[1]
+    realized = [r.decision == "accept" for r in result.blocks if r.drafted and r.block >= 1]
+    model_calls = None
+    if v.regime == "recompute" and not v.pipelined and v.router in ("random", "scored"):
+        steps = [len(x) for x in result.settings["schedule"]]
+        model_calls = pattern_counts(realized, steps=steps, scored=v.router == "scored",
+                                     refine_from_step=v.refine_from_step)
+    kv = {}
+    for name in ("target", "drafter"):
+        model = getattr(models, name)
+        used = v.router != ("draft-only" if name == "target" else "target-only")
+        if model is not None and used:
+            kv[name] = kv_bytes_for(model, v.regime, s.blocks * 3, latent_hw, s.window, s.sinks)
+    return {
+        "name": v.name, "group": v.group, "router": v.router, "level": v.level, "regime": v.regime,
+        "schedule": v.schedule, "pipelined": v.pipelined, "refine_from_step": v.refine_from_step,
+        "router_seed": pattern[0] if pattern is not None and v.router == "random" else None,
+        "pattern_expected": expected, "pattern_realized": realized if v.level is not None else None,
+        "pattern_ok": (expected == realized) if expected is not None else None,
+        "acceptance": (accepted / n_drafted) if n_drafted else None,
+        "accepted": accepted, "drafted": n_drafted,
+        "repeats": len(runs), "consistent_across_repeats": consistent,
+        "wall_s": _median([r.wall for r in runs]), "wall_all_s": [r.wall for r in runs],
+        "busy_s": _median([r.busy for r in runs]), "in_calls_s": _median([r.in_calls for r in runs]),
+        "overhead": _median([1.0 - r.busy / r.wall for r in runs if r.wall > 0]),
+        "phase_s": {p: _median([r.phases.get(p, 0.0) for r in runs]) for p in PHASES},
+        "call_s": {k: _median([r.call_seconds[k] for r in runs]) for k in CALL_KINDS},
+        "calls": dict(first.counts),
+        "calls_match_model": (all(first.counts[k] == n for k, n in model_calls.items())
+                              if model_calls is not None else None),
+        "per_block_s": [_median([r.per_block[i] for r in runs]) for i in range(len(first.per_block))],
+        "kv_cache_bytes": kv,
+        "vae_cache_bytes": int(models.vae.cache_nbytes),
+        "vae_snapshot_bytes": int(models.vae.cache_nbytes),  # a snapshot references the live entries
+    }
+
+
+def _finish_report(rows, variants, measured, s: BenchSettings, device, extra) -> dict:
+    by_regime: dict[str, list[RunMeasure]] = {}
+    vmap = {v.name: v for v in variants}
+    for name, runs in measured.items():
+        by_regime.setdefault(vmap[name].regime, []).extend(runs)
+    tables = {reg: cost_table(runs) for reg, runs in by_regime.items()}
+    pooled = cost_table([r for runs in measured.values() for r in runs])
+    for t in tables.values():
+        for k, val in t.items():
+            if val is None:
+                t[k] = pooled[k]
+    base = next(r for r in rows if r["router"] == "target-only" and r["regime"] == "recompute"
+                and r["schedule"] == "constant")
+    base_pred = predicted_seconds(base["calls"], tables["recompute"])
+    for row in rows:
+        table = tables[row["regime"]]
+        pred = predicted_seconds(row["calls"], table)
+        row["predicted_s"] = pred
+        row["speedup"] = base["wall_s"] / row["wall_s"] if row["wall_s"] else None
+        row["bound"] = base_pred / pred if pred > 0 else None
+        row["efficiency"] = row["speedup"] / row["bound"] if row["bound"] else None
+        row["model_time_share"] = pred / row["wall_s"] if row["wall_s"] else None
+    rec = tables.get("recompute", pooled)
+    ratio = rec["target"] / rec["drafter"] if rec.get("target") and rec.get("drafter") else None
+    report = {
+        "schema": SCHEMA,
+        "settings": {**asdict(s), "levels": list(s.levels), "only": list(s.only)},
+        "machine": _machine(device),
+        "cost_model": {
+            "definition": "predicted = Σ calls × mean per-call seconds (same run, same regime); "
+                          "bound = predicted(target-only) / predicted(row); efficiency = speedup / bound; "
+                          "overhead = 1 − |union of traced call intervals| / wall",
+            "per_call_s": tables, "pooled_per_call_s": pooled,
+            "target_over_drafter_forward": ratio,
+        },
+        "rows": rows,
+        **extra,
+    }
+    report["goals"] = evaluate_goals(report)
+    return report
+
+
+def _machine(device: torch.device) -> dict:
+    info = {
+        "device": str(device), "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def evaluate_goals(report: dict) -> dict:
+    """The issue's goals, checked on this run's numbers."""
+    rows = report["rows"]
+    sweep = [r for r in rows if r["group"] in ("random", "scored")]
+    eff = [r["efficiency"] for r in sweep if r["efficiency"] is not None]
+    ovh = [r["overhead"] for r in rows if r["overhead"] is not None]
+    flat = {}
+    for r in rows:
+        if r["router"] == "target-only":
+            key = f"{r['regime']}/{r['schedule']}"
+            flat[key] = _growth(r["per_block_s"])
+    pipe = {}
+    for r in rows:
+        if r["group"] == "pipelined" and r["level"] is not None:
+            plain = next((p for p in rows if p["group"] == "scored" and p["level"] == r["level"]), None)
+            if plain is not None:
+                pipe[f"{round(r['level'] * 100)}%"] = {
+                    "plain_s": plain["wall_s"], "pipelined_s": r["wall_s"],
+                    "gain": plain["wall_s"] / r["wall_s"] - 1.0,
+                }
+    hi = [v for k, v in pipe.items() if int(k[:-1]) >= 75]
+    flat_keys = [k for k in flat if k.startswith(("recompute", "noisy"))]
+    return {
+        "efficiency_min": min(eff) if eff else None,
+        "efficiency_ok": bool(eff) and min(eff) >= GOAL_EFFICIENCY,
+        "overhead_max": max(ovh) if ovh else None,
+        "overhead_ok": bool(ovh) and max(ovh) <= GOAL_OVERHEAD,
+        "per_block_growth": flat,
+        "flat_ok": (all(abs(flat[k]) <= GOAL_FLAT_GROWTH for k in flat_keys if flat[k] is not None)
+                    if any(flat[k] is not None for k in flat_keys) else None),
+        "pipelined": pipe,
+        "pipelined_ok": all(p["gain"] > 0 for p in hi) if hi else None,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output
+
+
+def _fmt_pct(x) -> str:
+    return "   —" if x is None else f"{x * 100:4.0f}%"
+
+
+def _f(x, spec: str, width: int) -> str:
+    return f"{'—':>{width}}" if x is None else f"{x:{width}{spec}}"
+
+
+def format_table(report: dict) -> str:
+    head = (f"{'variant':26s} {'acc':>5s} {'wall s':>7s} {'speedup':>7s} {'bound':>6s} {'eff':>5s} {'ovh':>5s} "
+            f"{'draft':>6s} {'decode':>6s} {'score':>6s} {'target':>6s} {'cache':>6s} {'wait':>6s} {'rss MB':>7s}")
+    lines = [head, "-" * len(head)]
+    for r in report["rows"]:
+        ph = r["phase_s"]
+        lines.append(
+            f"{r['name']:26s} {_fmt_pct(r['acceptance']):>5s} {_f(r['wall_s'], '.3f', 7)} {_f(r['speedup'], '.2f', 6)}× "
+            f"{_f(r['bound'], '.2f', 5)}× {_f(r['efficiency'], '.2f', 5)} {_f((r['overhead'] or 0) * 100, '.1f', 4)}% "
+            f"{_f(ph.get('draft'), '.3f', 6)} {_f(ph.get('decode'), '.3f', 6)} {_f(ph.get('score'), '.3f', 6)} "
+            f"{_f(ph.get('target'), '.3f', 6)} {_f(ph.get('cache'), '.3f', 6)} {_f(ph.get('verify_wait'), '.3f', 6)} "
+            f"{_f((r['peak_rss_bytes'] or 0) / 2**20, '.0f', 7)}"
+        )
+    cm = report["cost_model"]
+    rec = cm["per_call_s"].get("recompute", cm["pooled_per_call_s"])
+    ms = ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in rec.items() if v is not None)
+    lines.append("")
+    lines.append(f"per-call mean (recompute): {ms}")
+    ratio = cm["target_over_drafter_forward"]
+    lines.append(f"target/drafter forward cost ratio: {ratio:.1f}×" if ratio else "target/drafter ratio: n/a")
+    g = report["goals"]
+    lines.append(
+        f"goals: efficiency min {_f(g['efficiency_min'], '.3f', 0)} (≥ {GOAL_EFFICIENCY}: {g['efficiency_ok']}); "
+        f"overhead max {_f((g['overhead_max'] or 0) * 100, '.2f', 0)}% (≤ {GOAL_OVERHEAD * 100:.0f}%: {g['overhead_ok']}); "
+        f"flat per-block {g['flat_ok']}; pipelined faster at ≥75%: {g['pipelined_ok']}"
+    )
+    growth = ", ".join(f"{k} {v * 100:+.1f}%" for k, v in g["per_block_growth"].items() if v is not None)
+    lines.append(f"per-block time, last third vs first third (target-only): {growth}")
+    if g["pipelined"]:
+        lines.append("pipelined vs plain: " + ", ".join(
+            f"{k} {p['plain_s']:.3f}s → {p['pipelined_s']:.3f}s ({p['gain'] * 100:+.1f}%)" for k, p in g["pipelined"].items()))
+    m = report["machine"]
+    lines.append(f"machine: {m['device']}, {m['cpu_count']} CPUs, torch {m['torch']}, {m['torch_threads']} intra-op thread(s)")
+    return "\n".join(lines)
+
+
+def render_plot(report: dict, path: str | Path, *, width: int = 820, height: int = 520) -> Path:
+    """Speedup vs acceptance (PIL): measured points per group, the cost-model bound as a dashed line beside them."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rows = [r for r in report["rows"] if r["level"] is not None and r["group"] in ("random", "scored", "pipelined")]
+    img = Image.new("RGB", (width, height), (255, 255, 255))
+    d = ImageDraw.Draw(img)
+    font = ImageFont.load_default()
+    left, right, top, bottom = 70, width - 190, 40, height - 60
+    ys = [r["speedup"] for r in rows if r["speedup"]] + [r["bound"] for r in rows if r["bound"]] + [1.0]
+    y_max = max(ys) * 1.1 if ys else 2.0
+    y_min = min(0.0, min(ys))
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return left + x * (right - left), bottom - (y - y_min) / (y_max - y_min) * (bottom - top)
+
+    d.rectangle([left, top, right, bottom], outline=(0, 0, 0))
+    for i in range(5):
+        x = i / 4
+        d.line([px(x, y_min), (px(x, y_min)[0], px(x, y_min)[1] + 5)], fill=(0, 0, 0))
+        d.text((px(x, y_min)[0] - 10, bottom + 8), f"{int(x * 100)}%", fill=(0, 0, 0), font=font)
+    steps = 6
+    for i in range(steps + 1):
+        y = y_min + (y_max - y_min) * i / steps
+        d.line([(left - 5, px(0, y)[1]), (left, px(0, y)[1])], fill=(0, 0, 0))
+        d.line([(left, px(0, y)[1]), (right, px(0, y)[1])], fill=(230, 230, 230))
+        d.text((left - 45, px(0, y)[1] - 6), f"{y:.2f}×", fill=(0, 0, 0), font=font)
+    d.line([px(0, 1.0), px(1, 1.0)], fill=(150, 150, 150))
+    d.text((left + (right - left) / 2 - 60, bottom + 30), "acceptance of drafted blocks", fill=(0, 0, 0), font=font)
+    d.text((left, 12), "SDVG bench: speedup over target-only (points) vs cost-model bound (dashed)", fill=(0, 0, 0),
+           font=font)
+    colors = {"random": (46, 120, 200), "scored": (219, 109, 40), "pipelined": (46, 160, 67)}
+    legend_y = top
+    for group, color in colors.items():
+        pts = sorted((r["level"], r["speedup"], r["bound"]) for r in rows if r["group"] == group and r["speedup"])
+        if not pts:
+            continue
+        bound_pts = [px(lv, b) for lv, _, b in pts if b]
+        for a, b in zip(bound_pts, bound_pts[1:], strict=False):
+            _dashed(d, a, b, color)
+        meas = [px(lv, sp) for lv, sp, _ in pts]
+        if len(meas) > 1:
+            d.line(meas, fill=color, width=2)
+        for x, y in meas:
+            d.ellipse([x - 4, y - 4, x + 4, y + 4], fill=color)
+        for x, y in bound_pts:
+            d.rectangle([x - 3, y - 3, x + 3, y + 3], outline=color)
+        d.ellipse([right + 15, legend_y + 2, right + 23, legend_y + 10], fill=color)
+        d.text((right + 30, legend_y), f"{group} (measured)", fill=(0, 0, 0), font=font)
+        legend_y += 16
+        d.rectangle([right + 16, legend_y + 3, right + 22, legend_y + 9], outline=color)
+        d.text((right + 30, legend_y), f"{group} (bound)", fill=(0, 0, 0), font=font)
+        legend_y += 22
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return path
+
+
+def _dashed(d, a, b, color, dash: float = 6.0) -> None:
+    (x0, y0), (x1, y1) = a, b
+    length = math.hypot(x1 - x0, y1 - y0)
+    n = max(1, int(length // dash))
+    for i in range(0, n, 2):
+        t0, t1 = i / n, min(1.0, (i + 1) / n)
+        d.line([(x0 + (x1 - x0) * t0, y0 + (y1 - y0) * t0), (x0 + (x1 - x0) * t1, y0 + (y1 - y0) * t1)], fill=color,
+               width=2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# real-size profile: random weights at the real shapes
+
+
+REAL_WIDTH, REAL_HEIGHT = 832, 480
+
+
+@dataclass
+class RealSizeSpec:
+    drafter: str = "1.3B"
+    target: str = "14B"
+    vae_base_dim: int = 96
+    reward: str = "v1.0"
+    dtype: torch.dtype = torch.bfloat16
+    text_len: int = 512
+    text_dim: int = 4096
+
+
+def _random_dit(config: dict, device: torch.device, dtype: torch.dtype, seed: int):
+    """A CausalWanTransformer with random weights built directly on ``device`` (meta shell + per-tensor init)."""
+    from .wan_loading import _empty_model, build_dit_from_state_dict
+
+    shell = _empty_model(config)
+    gen = torch.Generator(device=device).manual_seed(seed) if device.type != "meta" else None
+    sd = {}
+    for key, t in shell.state_dict().items():
+        if device.type == "meta":
+            sd[key] = torch.empty(t.shape, device="meta", dtype=dtype)
+            continue
+        if "norm" in key and key.endswith("weight"):
+            sd[key] = torch.ones(t.shape, device=device, dtype=dtype)
+        elif key.endswith("bias"):
+            sd[key] = torch.zeros(t.shape, device=device, dtype=dtype)
+        else:
+            sd[key] = torch.randn(t.shape, device=device, dtype=dtype, generator=gen).mul_(0.02)
+    return build_dit_from_state_dict(sd, config, dtype=dtype, device=device, name="random")
+
+
+def _random_vae(base_dim: int, device: torch.device, dtype: torch.dtype):
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+
+    from .vae import TINY_VAE_CONFIG, StreamingVAE
+
+    cfg = {**TINY_VAE_CONFIG, "base_dim": base_dim}
+    with torch.device(device):
+        model = AutoencoderKLWan(**cfg)
+    return StreamingVAE(model.to(dtype=dtype))
+
+
+def _random_reward(config, device: torch.device, dtype: torch.dtype = torch.float32):
+    import tempfile
+
+    from .reward import ImageReward, build_modules, load_tokenizer, tiny_vocab
+
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = Path(tmp) / "vocab.txt"
+        vocab.write_text("\n".join(tiny_vocab()) + "\n", encoding="utf-8")
+        tok = load_tokenizer(vocab)
+    with torch.device(device):
+        vision, text = build_modules(config)
+        model = ImageReward(config, tok, vision=vision, text=text)
+    if device.type != "meta":
+        model.to(dtype=dtype)
+        model.mlp.float()
+    return model
+
+
+def build_real_size_models(device: torch.device, spec: RealSizeSpec | None = None, *, configs: dict | None = None):
+    """Drafter 1.3B + target 14B DiTs (bf16), the Wan 2.1 VAE (base_dim 96, bf16) and ImageReward v1.0 (fp32, as the
+    pipeline loads it), all with random weights, built on ``device`` (``meta``: shapes only). ``configs`` overrides
+    the DiT/VAE/reward configs (tests use tiny ones to exercise this code on the CPU)."""
+    from .pipeline import SDVGModels
+    from .reward import ImageRewardConfig
+    from .wan_loading import config_for_size
+
+    spec = spec or RealSizeSpec()
+    configs = configs or {}
+    drafter_cfg = configs.get("drafter") or config_for_size(spec.drafter)
+    target_cfg = configs.get("target") or config_for_size(spec.target)
+    reward_cfg = configs.get("reward") or ImageRewardConfig()
+    return SDVGModels(
+        target=_random_dit(target_cfg, device, spec.dtype, seed=2),
+        drafter=_random_dit(drafter_cfg, device, spec.dtype, seed=1),
+        vae=_random_vae(configs.get("vae_base_dim", spec.vae_base_dim), device, spec.dtype),
+        text_encoder=None,
+        reward=_random_reward(reward_cfg, device),
+    )
+
+
+def _param_bytes(module) -> tuple[int, int]:
+    n = sum(p.numel() for p in module.parameters())
+    b = sum(p.numel() * p.element_size() for p in module.parameters())
+    return n, b
+
+
+def memory_plan(models, s: BenchSettings, regimes: Sequence[str] = ("recompute", "noisy", "global")) -> dict:
+    """Parameters, KV-cache bytes per regime and the streaming-VAE cache bytes at the bench size (works on meta)."""
+    latent_hw = (s.height // 8, s.width // 8)
+    plan: dict[str, Any] = {"size": f"{s.width}x{s.height}", "blocks": s.blocks, "models": {}, "kv_cache_bytes": {}}
+    for name in ("target", "drafter"):
+        model = getattr(models, name)
+        n, b = _param_bytes(model)
+        plan["models"][name] = {"params": n, "bytes": b, "layers": len(model.blocks),
+                                "dim": model.num_heads * model.head_dim}
+        plan["kv_cache_bytes"][name] = {
+            reg: kv_bytes_for(model, reg, s.blocks * 3, latent_hw, s.window, s.sinks) for reg in regimes
+        }
+    n, b = _param_bytes(models.vae.model)
+    plan["models"]["vae"] = {"params": n, "bytes": b}
+    n, b = _param_bytes(models.reward)
+    plan["models"]["reward"] = {"params": n, "bytes": b}
+    vae = models.vae
+    vae.reset()
+    dev, dt = vae.device, vae.dtype
+    with torch.no_grad():
+        for _ in range(2):  # the cache reaches its steady size after the first block
+            vae.decode_block(torch.zeros((1, 16, 3, *latent_hw), device=dev, dtype=dt))
+    plan["vae_cache_bytes"] = int(vae.cache_nbytes)
+    plan["vae_snapshot_bytes"] = int(vae.cache_nbytes)
+    vae.reset()
+    weights = sum(m["bytes"] for m in plan["models"].values())
+    plan["total_weights_bytes"] = weights
+    plan["total_recompute_bytes"] = (weights + sum(v["recompute"] for v in plan["kv_cache_bytes"].values())
+                                     + 2 * plan["vae_cache_bytes"])
+    plan["note"] = ("weights + KV caches (recompute regime) + live VAE cache + one snapshot's worth of replaced entries; "
+                    "activations and allocator slack are not included")
+    return plan
+
+
+def format_plan(plan: dict) -> str:
+    gib = 2**30
+    lines = [f"memory plan at {plan['size']}, {plan['blocks']} blocks (random weights, real shapes):"]
+    for name, m in plan["models"].items():
+        extra = f", {m['layers']} layers, dim {m['dim']}" if "layers" in m else ""
+        lines.append(f"  {name:8s} {m['params'] / 1e9:7.3f} B params  {m['bytes'] / gib:7.2f} GiB{extra}")
+    for name, kv in plan["kv_cache_bytes"].items():
+        lines.append(f"  KV {name:8s} " + "  ".join(f"{reg} {b / gib:.2f} GiB" for reg, b in kv.items()))
+    lines.append(f"  VAE decoder cache {plan['vae_cache_bytes'] / gib:.2f} GiB (a snapshot references it; a restore "
+                 "keeps up to one more cache's worth alive)")
+    lines.append(f"  total (weights + recompute KV + 2× VAE cache): {plan['total_recompute_bytes'] / gib:.1f} GiB; "
+                 + plan["note"])
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parse_levels(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(x) / (100.0 if float(x) > 1 else 1.0) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise ConfigError(f"--levels must be numbers (0-1 or percent), got {text!r}.") from exc
+    if not vals or any(not 0 <= v <= 1 for v in vals):
+        raise ConfigError(f"--levels must be in [0, 1] (or 0-100 %), got {text!r}.")
+    return vals
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="speed benchmark: target-only, draft-only, forced acceptance sweep, variants, cost-model bound",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--profile", choices=["tiny", "real-size"], default="tiny",
+                   help="tiny: the tiny preset on the CPU (default); real-size: random weights at the real 1.3B/14B, "
+                        "VAE and ImageReward shapes, 832×480, bf16, on a GPU")
+    p.add_argument("--device", default=None, help="tiny: cpu (default); real-size: cuda (default)")
+    p.add_argument("--blocks", type=int, default=None, help="blocks per video (tiny 9, real-size 5: 8 / 4 drafted "
+                   "blocks make 0/25/50/75/100 %% exact)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per row (tiny 3, real-size 1)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed runs per row before the timed ones (tiny 1, "
+                   "real-size 0; real-size always does one global warm-up)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (tiny default 1: on small CPUs "
+                   "more threads oversubscribe the cores for these tiny ops)")
+    p.add_argument("--levels", default="0,25,50,75,100", help="forced acceptance levels in %% (default 0,25,50,75,100)")
+    p.add_argument("--only", default="", help="comma list of row groups or names to run (baseline, random, scored, "
+                   "pipelined, refine, noisy, diagonal, global); target-only always runs")
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--models", default=None, help="tiny profile: a make-tiny folder (default: the cached preset)")
+    p.add_argument("--json", default=None, help="write the full report JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG of speedup vs acceptance with the bound")
+    p.add_argument("--dry-run", action="store_true", help="real-size: build everything on the meta device and print "
+                   "the memory plan (params, KV bytes, VAE cache bytes); runs nothing")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr)  # noqa: T201 - CLI output
+
+    real = args.profile == "real-size"
+    s = BenchSettings(
+        profile=args.profile,
+        blocks=args.blocks or (5 if real else 9),
+        width=args.width or (REAL_WIDTH if real else 64),
+        height=args.height or (REAL_HEIGHT if real else 64),
+        seed=args.seed,
+        repeats=args.repeats if args.repeats is not None else (1 if real else 3),
+        warmup=args.warmup if args.warmup is not None else (0 if real else 1),
+        levels=_parse_levels(args.levels),
+        only=tuple(x.strip() for x in args.only.split(",") if x.strip()),
+    )
+    if s.repeats < 1 or s.warmup < 0 or s.blocks < 2:
+        raise ConfigError("--repeats must be ≥ 1, --warmup ≥ 0 and --blocks ≥ 2.")
+    if real:
+        return _cmd_real_size(args, s, log)
+    return _cmd_tiny(args, s, log)
+
+
+def _set_threads(n: int | None, default: int | None) -> int:
+    n = n if n is not None else default
+    if n is not None:
+        if n < 1:
+            raise ConfigError("--threads must be ≥ 1.")
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def _emit(report: dict, args, log) -> None:
+    print(format_table(report))  # noqa: T201 - CLI output
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2, default=_json_default) + "\n", encoding="utf-8")
+        log(f"wrote {path}")
+    if args.plot:
+        log(f"wrote {render_plot(report, args.plot)}")
+
+
+def _json_default(obj):
+    if isinstance(obj, torch.dtype):
+        return str(obj).replace("torch.", "")
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    raise TypeError(f"not JSON-serializable: {type(obj).__name__}")
+
+
+def _cmd_tiny(args, s: BenchSettings, log) -> int:
+    from .devices import resolve_device
+    from .pipeline import load_models
+    from .tiny import ensure_tiny
+
+    device = resolve_device(args.device or "cpu", what="bench models")
+    s.threads = _set_threads(args.threads, 1 if device.type == "cpu" else None)
+    models_dir = args.models
+    if models_dir is None:
+        models_dir, created = ensure_tiny()
+        log(f"tiny preset: {models_dir} ({'created' if created else 'cached'})")
+    models = load_models(models_dir, dit_device=str(device), aux_device=str(device),
+                         dtype="fp32" if device.type == "cpu" else "auto")
+    embeds = models.text_encoder.encode(s.prompt)
+    log(f"bench: tiny profile on {device}, {s.blocks} blocks at {s.width}x{s.height}, {s.warmup} warm-up + "
+        f"{s.repeats} timed run(s) per row, {s.threads} thread(s)")
+    report = run_bench(models, s, device=device, embeds=embeds, log=log)
+    _emit(report, args, log)
+    return 0
+
+
+def _cmd_real_size(args, s: BenchSettings, log) -> int:
+    from .devices import resolve_device
+
+    spec = RealSizeSpec()
+    if args.dry_run:
+        device = torch.device("meta")
+        models = build_real_size_models(device, spec)
+        plan = memory_plan(models, s)
+        print(format_plan(plan))  # noqa: T201 - CLI output
+        variants = _select(default_variants("real-size", s.levels), s.only)
+        print(f"rows ({len(variants)}): " + ", ".join(v.name for v in variants))  # noqa: T201 - CLI output
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({"schema": SCHEMA, "dry_run": True, "settings": asdict(s),
+                                                   "memory_plan": plan, "rows": [asdict(v) for v in variants]},
+                                                  indent=2, default=_json_default) + "\n", encoding="utf-8")
+            log(f"wrote {args.json}")
+        return 0
+    device = resolve_device(args.device or "auto", what="real-size bench")
+    if device.type != "cuda":
+        raise ConfigError(
+            "The real-size profile needs a CUDA GPU (two bf16 DiTs of 1.3B and 14B parameters at 832×480; about "
+            "45 GB). This machine has none. Use `--profile real-size --dry-run` to print the memory plan on the CPU, "
+            "or `--profile tiny` to benchmark here."
+        )
+    s.threads = _set_threads(args.threads, None)
+    t0 = time.perf_counter()
+    models = build_real_size_models(device, spec)
+    build_s = time.perf_counter() - t0
+    log(f"built random real-size models on {device} in {build_s:.1f}s")
+    gen = torch.Generator(device=device).manual_seed(0)
+    embeds = torch.randn((1, spec.text_len, spec.text_dim), device=device, dtype=spec.dtype, generator=gen)
+    plan = memory_plan(models, s)
+    # one global warm-up: a scored 2-block run touches every model, kernel and allocator path
+    warm = BenchSettings(**{**asdict(s), "blocks": 2, "repeats": 1, "warmup": 0})
+    instr = Instrument(device, sanitize_frames=True).install(models)
+    try:
+        run_once(models, Variant("warm-up", "scored", 0.0), warm, instr, embeds, (0, [False]))
+    finally:
+        instr.uninstall()
+    log(f"warm-up done ({time.perf_counter() - t0:.1f}s since start)")
+    report = run_bench(models, s, device=device, embeds=embeds, variants=default_variants("real-size", s.levels),
+                       log=log, sanitize_frames=True,
+                       extra={"real_size": {"memory_plan": plan, "build_s": build_s,
+                                            "approximations": REAL_SIZE_NOTES}})
+    _emit(report, args, log)
+    return 0
+
+
+REAL_SIZE_NOTES = (
+    "Random weights at the released shapes: drafter Wan 2.1 1.3B (30 layers, dim 1536), target 14B (40 layers, "
+    "dim 5120), bf16; Wan 2.1 VAE base_dim 96 (bf16, as load_models does on CUDA); ImageReward v1.0 shapes (ViT-L/16 "
+    "+ 12-layer BERT, fp32 as load_models loads it). Prompt embeddings are random [1, 512, 4096] (no UMT5 run: it "
+    "runs once per prompt, outside the timed loop). The tokenizer is the tiny vocabulary (prompt length is padded to "
+    "35 tokens either way). Decoded frames are NaN-sanitized before scoring (random VAE weights)."
+)
+
+
+__all__ = [
+    "BenchSettings", "Instrument", "RunMeasure", "Variant", "add_parser", "busy_seconds", "build_real_size_models",
+    "cost_table", "default_variants", "evaluate_goals", "exact_pattern_seed", "format_table", "memory_plan",
+    "pattern_counts", "predicted_seconds", "render_plot", "run_bench",
+]
