@@ -35,6 +35,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", help="device for both DiTs: auto, cpu, cuda:N (default auto)")
     g.add_argument("--aux-device", default=None, help="device for text encoder, VAE and reward (default: --device)")
     g.add_argument("--dtype", default="auto", help="DiT weight dtype: auto, bf16, fp16, fp32, fp8_e4m3fn")
+    g.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads (default: torch's choice)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -143,8 +144,11 @@ class _Progress:
 
     def __init__(self, total: int, stream=sys.stderr):
         self.total, self.stream, self.start = total, stream, time.perf_counter()
+        self.live = stream.isatty()
 
     def step(self, ev) -> None:
+        if not self.live:
+            return
         self.stream.write(f"\r  block {ev.block + 1}/{self.total}  {ev.model:7s} step {ev.step + 1}/{ev.num_steps}   ")
         self.stream.flush()
 
@@ -154,7 +158,7 @@ class _Progress:
         done = ev.block + 1
         bar = "#" * done + "." * (self.total - done)
         self.stream.write(
-            f"\r[{bar}] block {done}/{self.total}: {r.decision:6s} by {r.produced_by:7s} {q}  "
+            f"{chr(13) if self.live else ''}[{bar}] block {done}/{self.total}: {r.decision:6s} by {r.produced_by:7s} {q}  "
             f"({time.perf_counter() - self.start:.1f}s)\n"
         )
         self.stream.flush()
@@ -169,6 +173,10 @@ def cmd_generate(args) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr)
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     router = router_config_from_args(args)
     router.validate()
     models, tiny = resolve_models(args, need=roles_needed(router.mode), log=log)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-TINY_VERSION = "1"
+TINY_VERSION = "2"
 STAMP = "sdvg_tiny.json"
 # The demo size for the tiny preset: 64×64 pixels → 8×8 latents.
 TINY_WIDTH = 64

@@ -49,7 +49,7 @@ TINY_VAE_FILENAME = "sdvg_tiny_vae.safetensors"
 #: temporal downsample in the last two stages) at a tiny width. ``num_res_blocks`` must stay 2: diffusers'
 #: original-key conversion of the decoder assumes 3 resnets per up block.
 TINY_VAE_CONFIG: dict[str, Any] = {
-    "base_dim": 4,
+    "base_dim": 2,
     "z_dim": 16,
     "dim_mult": [1, 2, 4, 4],
     "num_res_blocks": 2,

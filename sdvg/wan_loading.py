@@ -787,7 +787,7 @@ TINY_TEXT_DIM = 64  # d_model of the tiny UMT5 written by text_encoder.write_tin
 # context frames, cross-attention K/V from the prompt cache), fp32 on 2 CPU threads: drafter ~2.4-2.9 ms, target
 # ~37-60 ms (best of 30: 16-21x; medians on a busy machine 8-9.5x).
 TINY_DRAFTER_CONFIG = _make_config(2, 32, 16, 16, TINY_TEXT_DIM, 64, 256, 2, (1, 2, 2))
-TINY_TARGET_CONFIG = _make_config(4, 64, 16, 16, TINY_TEXT_DIM, 64, 1024, 4, (1, 2, 2))
+TINY_TARGET_CONFIG = _make_config(8, 64, 16, 16, TINY_TEXT_DIM, 64, 2048, 4, (1, 2, 2))
 
 
 def random_original_state_dict(config: dict[str, Any], *, seed: int, std: float = 0.02) -> dict[str, torch.Tensor]:

@@ -21,7 +21,6 @@ from tests.host import comfy_server
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
-ENGINE_READY = all(importlib.util.find_spec(f"sdvg.{m}") is not None for m in ("text_encoder", "vae", "causal", "tiny"))
 
 pytestmark = [
     pytest.mark.browser,
@@ -36,14 +35,10 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    if ENGINE_READY:
-        from sdvg.tiny import make_tiny
+    from sdvg.tiny import make_tiny
 
-        try:
-            make_tiny(root)
-        except Exception:  # noqa: BLE001 - the run test skips when the files are missing
-            pass
+    root = tmp_path_factory.mktemp("models")
+    make_tiny(root)
     srv = comfy_server.ComfyServer(root).start()
     srv.post("/settings/Comfy.TutorialCompleted", True)
     yield srv
@@ -99,10 +94,7 @@ def test_frontend_export_matches_our_api_twin(server, page):
     assert saved == next(n for n in original["nodes"] if n["type"] == "SDVGSpeculativeSampler")["widgets_values"]
 
 
-@pytest.mark.skipif(not ENGINE_READY, reason="engine modules not there yet")
 def test_timeline_fills_one_cell_per_block(server, page):
-    if not (server.models_dir / "text_encoders" / "sdvg_tiny_umt5.safetensors").exists():
-        pytest.skip("tiny models missing (python -m sdvg make-tiny failed: engine not ready)")
     _load_tiny(page)
     blocks = page.evaluate(
         "() => app.graph._nodes.find(n => n.type === 'SDVGSpeculativeSampler').widgets.find(w => w.name === 'blocks').value"

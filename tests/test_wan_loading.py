@@ -163,7 +163,7 @@ def test_write_tiny_dits(tmp_path):
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         assert digest == hashlib.sha256(again[key].read_bytes()).hexdigest(), key
         total += path.stat().st_size
-    assert total < 12e6
+    assert total < 45e6  # the target is sized to cost ~15x the drafter per forward (real pair: ~10x)
     d = wl.inspect_dit_checkpoint(paths["drafter"])
     t = wl.inspect_dit_checkpoint(paths["target"])
     assert d.pt_key == "generator_ema" and d.prefix == "model." and d.config == wl.TINY_DRAFTER_CONFIG
