@@ -27,4 +27,4 @@ clean:
 # The main job on the embedded tiny preset (random weights: the video is noise, the pipeline is real).
 demo: $(STAMP)
 	$(PY) -m sdvg generate --prompt "a red fox running through fresh snow at dawn, cinematic" \
-		--tau=-1.71 --out out/demo.mp4 --report out/demo_report.json --timeline out/demo_timeline.png
+		--threshold relative --delta 0.05 --out out/demo.mp4 --report out/demo_report.json --timeline out/demo_timeline.png
