@@ -1,0 +1,571 @@
+"""``python -m sdvg eval``: quality-vs-speed evaluation over a prompt file, resumable.
+
+For every prompt (one per line; blank lines and lines starting with ``#`` are skipped) it runs, in this order:
+
+1. ``target-only`` — the reference for speed and quality;
+2. ``draft-only``;
+3. ``sdvg`` at every τ of ``--taus`` (reward routing, worst-frame ImageReward vs τ);
+4. ``random`` at matched acceptance for every τ: the random router with a router seed whose draws accept exactly as
+   many drafted blocks as ``sdvg`` at that τ accepted on the same prompt (so reward routing is compared with random
+   routing at equal cost).
+
+Each row: wall time, speedup (target-only wall / row wall, same prompt, same process), acceptance, the ImageReward
+of every output frame against the prompt (mean and min), retention relative to target-only (mean ImageReward ratio,
+only defined when the target-only mean is positive: ImageReward is a z-score and can be negative, so the difference
+``ir_delta`` is reported too), and any external metrics. Videos go to ``<out>/videos/`` (written to a temporary file
+and renamed, so a video is either complete or absent), rows to ``<out>/results.csv`` (appended and fsynced one row at
+a time). Rerunning with the same ``--out`` skips every finished (prompt, method, τ) row: an interrupted evaluation
+loses at most the row in progress. ``summary.csv`` and the Pareto plot ``pareto.png`` are rewritten at the end.
+
+External video metrics (VisionReward, VBench, …) plug in with ``--metric module:callable`` (repeatable). The callable
+(or a class, instantiated without arguments) follows :class:`VideoMetric`: it gets the output frames ``[F, H, W, 3]``
+float in [0, 1] (CPU) and the prompt and returns ``{name: float}``; each name becomes a CSV column ``m_<name>``. Only
+modules named explicitly on the command line are imported. ``sdvg.evaluate:temporal_flicker`` is a built-in example.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TAUS = (-2.5, -1.5, -0.7, -0.2)
+RESULTS = "results.csv"
+SUMMARY = "summary.csv"
+PARETO = "pareto.png"
+BASE_COLUMNS = (
+    "prompt_id", "method", "tau", "prompt", "seed", "blocks", "wall_s", "speedup", "acceptance", "accepted",
+    "drafted", "pattern", "ir_mean", "ir_min", "ir_retention", "ir_delta", "router_seed", "video",
+)
+METRIC_PREFIX = "m_"
+
+
+@runtime_checkable
+class VideoMetric(Protocol):
+    """An external per-video metric. ``names`` (optional) declares the returned keys up front."""
+
+    def __call__(self, frames: torch.Tensor, prompt: str) -> Mapping[str, float]: ...
+
+
+def temporal_flicker(frames: torch.Tensor, prompt: str) -> dict[str, float]:
+    """Example metric: mean absolute difference of consecutive frames (0 = static; high = flicker or fast motion)."""
+    del prompt
+    if frames.shape[0] < 2:
+        return {"flicker": 0.0}
+    return {"flicker": float((frames[1:] - frames[:-1]).abs().mean())}
+
+
+temporal_flicker.names = ("flicker",)  # type: ignore[attr-defined]
+
+
+def load_metric(spec: str) -> tuple[str, Callable]:
+    """``module:attr`` → (label, callable). A class is instantiated without arguments."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--metric must look like module:callable (e.g. sdvg.evaluate:temporal_flicker), got {spec!r}.")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--metric {spec}: cannot import module {module_name!r} ({exc}).") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"--metric {spec}: {module_name} has no attribute {attr!r}.")
+        obj = getattr(obj, part)
+    if isinstance(obj, type):
+        obj = obj()
+    if not callable(obj):
+        raise ConfigError(f"--metric {spec}: {attr!r} is not callable.")
+    return spec, obj
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"Prompt file not found: {p}.")
+    prompts = [line.strip() for line in p.read_text(encoding="utf-8").splitlines()]
+    prompts = [x for x in prompts if x and not x.startswith("#")]
+    if not prompts:
+        raise ConfigError(f"The prompt file {p} has no prompts (one per line; '#' starts a comment).")
+    return prompts
+
+
+def tau_key(tau: float | None) -> str:
+    return "" if tau is None else f"{tau:g}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# results file
+
+
+class ResultsFile:
+    """Append-only CSV with one row per finished (prompt, method, τ); survives interruption at any point."""
+
+    def __init__(self, path: Path, metric_names: Sequence[str] | None):
+        self.path = path
+        self.rows: list[dict[str, str]] = []
+        self.columns: list[str] | None = None
+        self.metric_names = list(metric_names) if metric_names is not None else None
+        if path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):  # killed mid-write: drop the partial last line
+            cut = data.rfind(b"\n") + 1
+            with self.path.open("r+b") as fh:
+                fh.truncate(cut)
+            logger.warning("dropped an incomplete last line of %s", self.path)
+        with self.path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            self.columns = list(reader.fieldnames or [])
+            self.rows = [r for r in reader if r.get("prompt_id") not in (None, "")]
+        if self.columns and self.columns[: len(BASE_COLUMNS)] != list(BASE_COLUMNS):
+            raise ConfigError(f"{self.path} was not written by this version of `sdvg eval`; use another --out.")
+
+    def key(self, row: Mapping[str, Any]) -> tuple[str, str, str]:
+        return str(row["prompt_id"]), str(row["method"]), str(row["tau"])
+
+    def done(self) -> set[tuple[str, str, str]]:
+        return {self.key(r) for r in self.rows}
+
+    def find(self, prompt_id: int, method: str, tau: float | None) -> dict[str, str] | None:
+        k = (str(prompt_id), method, tau_key(tau))
+        return next((r for r in self.rows if self.key(r) == k), None)
+
+    def append(self, row: dict[str, Any]) -> None:
+        metrics = sorted(k for k in row if k.startswith(METRIC_PREFIX))
+        if self.columns is None:
+            names = [METRIC_PREFIX + n for n in self.metric_names] if self.metric_names is not None else metrics
+            self.columns = [*BASE_COLUMNS, *names]
+            new = True
+        else:
+            new = not self.path.exists() or self.path.stat().st_size == 0
+        extra = [m for m in metrics if m not in self.columns]
+        if extra:
+            raise ConfigError(
+                f"Metric column(s) {extra} are not in {self.path} (written with {self.columns[len(BASE_COLUMNS):]}). "
+                "Use the same --metric list as the first run, or a new --out."
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=self.columns, lineterminator="\n", extrasaction="raise")
+            if new:
+                writer.writeheader()
+            writer.writerow({c: _cell(row.get(c)) for c in self.columns})
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.rows.append({c: _cell(row.get(c)) for c in self.columns})
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else repr(round(value, 6))
+    return str(value)
+
+
+def _num(text: str | None) -> float | None:
+    if text in (None, ""):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one row
+
+
+def _pattern_string(blocks) -> str:
+    out = []
+    for r in blocks:
+        out.append("A" if r.produced_by == "drafter" else ("R" if r.drafted else "T"))
+    return "".join(out)
+
+
+def write_video_atomic(frames: torch.Tensor, path: Path) -> Path:
+    from .video import write_mp4
+
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    write_mp4(frames, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def score_video(reward, frames: torch.Tensor, prompt: str, chunk: int = 16) -> tuple[float, float]:
+    scores = reward.score(frames, prompt, chunk_size=chunk)
+    return float(scores.mean()), float(scores.min())
+
+
+def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None, *, config, router,
+            out_dir: Path, reference: Mapping[str, str] | None, metrics, embeds, save_video: bool = True) -> dict:
+    from .sampler import SpeculativeSampler
+
+    sampler = SpeculativeSampler(models, router, config)
+    start = time.perf_counter()
+    result = sampler.run(prompt, prompt_embeds=embeds)
+    wall = time.perf_counter() - start
+    frames = result.frames
+    if frames.dtype == torch.uint8:
+        frames = frames.float() / 255.0
+    ir_mean, ir_min = score_video(models.reward, frames, prompt)
+    drafted = sum(1 for r in result.blocks if r.drafted)
+    accepted = sum(1 for r in result.blocks if r.drafted and r.decision == "accept")
+    video = None
+    if save_video:
+        name = f"p{prompt_id:04d}_{method}{'_tau' + tau_key(tau) if tau is not None else ''}.mp4"
+        video = write_video_atomic(frames, out_dir / "videos" / name)
+    ref_wall = _num(reference.get("wall_s")) if reference else (wall if method == "target-only" else None)
+    ref_ir = _num(reference.get("ir_mean")) if reference else (ir_mean if method == "target-only" else None)
+    row = {
+        "prompt_id": prompt_id, "method": method, "tau": tau_key(tau), "prompt": prompt, "seed": config.seed,
+        "blocks": config.num_blocks, "wall_s": wall, "speedup": (ref_wall / wall) if ref_wall else None,
+        "acceptance": (accepted / drafted) if drafted else None, "accepted": accepted, "drafted": drafted,
+        "pattern": _pattern_string(result.blocks), "ir_mean": ir_mean, "ir_min": ir_min,
+        "ir_retention": (ir_mean / ref_ir) if ref_ir is not None and ref_ir > 0 else None,
+        "ir_delta": (ir_mean - ref_ir) if ref_ir is not None else None,
+        "router_seed": router.seed if router.mode == "random" else None,
+        "video": str(video.relative_to(out_dir)) if video is not None else None,
+    }
+    cpu_frames = frames.detach().float().cpu()
+    for _label, metric in metrics:
+        values = metric(cpu_frames, prompt)
+        for k, val in dict(values).items():
+            row[METRIC_PREFIX + str(k)] = float(val)
+    return row
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the evaluation
+
+
+def plan_rows(n_prompts: int, taus: Sequence[float], methods: Sequence[str]) -> list[tuple[int, str, float | None]]:
+    """The (prompt id, method, τ) rows in run order: per prompt target-only, draft-only, sdvg τ…, random τ…."""
+    rows = []
+    for pid in range(n_prompts):
+        if "target-only" in methods:
+            rows.append((pid, "target-only", None))
+        if "draft-only" in methods:
+            rows.append((pid, "draft-only", None))
+        if "sdvg" in methods:
+            rows += [(pid, "sdvg", t) for t in taus]
+        if "random" in methods:
+            rows += [(pid, "random", t) for t in taus]
+    return rows
+
+
+def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Sequence[float] = DEFAULT_TAUS,
+             methods: Sequence[str] = ("target-only", "draft-only", "sdvg", "random"), sampler_config=None,
+             metrics: Sequence[tuple[str, Callable]] = (), max_rows: int | None = None, save_videos: bool = True,
+             warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
+    """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}."""
+    from .bench import exact_pattern_seed
+    from .router import RouterConfig
+    from .sampler import SamplerConfig
+
+    if "target-only" not in methods and any(m != "target-only" for m in methods):
+        raise ConfigError("The evaluation needs the target-only method: speedup and retention are relative to it.")
+    if models.reward is None:
+        raise ConfigError("The evaluation scores every output with ImageReward; no reward model was given.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (out / "videos").glob(".*.tmp.mp4") if (out / "videos").is_dir() else []:
+        stale.unlink()
+    declared = _declared_names(metrics)
+    results = ResultsFile(out / RESULTS, declared)
+    config = sampler_config or SamplerConfig(num_blocks=3, width=64, height=64)
+    plan = plan_rows(len(prompts), taus, methods)
+    done = results.done()
+    todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
+    written = 0
+    embeds_cache: dict[int, torch.Tensor] = {}
+
+    def embeds_for(pid: int) -> torch.Tensor:
+        if pid not in embeds_cache:
+            embeds_cache.clear()
+            embeds_cache[pid] = models.text_encoder.encode(prompts[pid])
+        return embeds_cache[pid]
+
+    if todo and warmup:
+        _warm_up(models, config, prompts[todo[0][0]], embeds_for(todo[0][0]))
+    for pid, method, tau in todo:
+        if max_rows is not None and written >= max_rows:
+            break
+        reference = results.find(pid, "target-only", None)
+        if method == "target-only":
+            router = RouterConfig(mode="target-only")
+        elif method == "draft-only":
+            router = RouterConfig(mode="draft-only")
+        elif method == "sdvg":
+            router = RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed")
+        else:
+            matched = results.find(pid, "sdvg", tau)
+            if matched is None:
+                if log:
+                    log(f"  skip p{pid} random τ={tau_key(tau)}: no sdvg row at that τ to match")
+                continue
+            accepted, drafted = int(matched["accepted"]), int(matched["drafted"])
+            level = accepted / drafted if drafted else 0.0
+            seed, _ = exact_pattern_seed(drafted, level)
+            router = RouterConfig(mode="random", random_rate=level, seed=seed)
+        row = run_row(models, prompts[pid], pid, method, tau, config=config, router=router, out_dir=out,
+                      reference=reference, metrics=metrics, embeds=embeds_for(pid), save_video=save_videos)
+        results.append(row)
+        written += 1
+        if log:
+            acc = row["acceptance"]
+            log(f"  p{pid} {method:11s} τ={tau_key(tau) or '—':5s} wall {row['wall_s']:.2f}s "
+                f"speedup {row['speedup'] or 0:.2f}× acc {'—' if acc is None else f'{acc:.0%}'} "
+                f"IR mean {row['ir_mean']:+.3f} min {row['ir_min']:+.3f}")
+    complete = results.done() >= {(str(p), m, tau_key(t)) for p, m, t in plan}
+    summary = summarize(results.rows)
+    write_summary(summary, out / SUMMARY)
+    render_pareto(summary, out / PARETO)
+    return {"written": written, "skipped": len(plan) - len(todo), "complete": complete, "summary": summary,
+            "results": str(out / RESULTS)}
+
+
+def _declared_names(metrics) -> list[str] | None:
+    names: list[str] = []
+    for _label, m in metrics:
+        declared = getattr(m, "names", None)
+        if declared is None:
+            return None
+        names += [str(n) for n in declared]
+    return names
+
+
+def _warm_up(models, config, prompt: str, embeds) -> None:
+    """One short untimed run of each model path so the first timed row does not pay first-call costs."""
+    from dataclasses import replace
+
+    from .router import RouterConfig
+    from .sampler import SpeculativeSampler
+
+    cfg = replace(config, num_blocks=min(2, config.num_blocks), num_frames=None)
+    for router in (RouterConfig(mode="target-only"), RouterConfig(mode="reward", tau=-math.inf)):
+        SpeculativeSampler(models, router, cfg).run(prompt, prompt_embeds=embeds)
+    models.reward.score(torch.zeros((1, config.height, config.width, 3)), prompt)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# summary and Pareto front
+
+
+def summarize(rows: Sequence[Mapping[str, str]]) -> list[dict]:
+    """Per (method, τ): prompts, speedup (Σ target-only wall / Σ wall over the same prompts), mean acceptance, mean
+    of per-prompt IR mean / min, mean retention and delta, and whether the point is on the Pareto front."""
+    ref = {r["prompt_id"]: r for r in rows if r["method"] == "target-only"}
+    groups: dict[tuple[str, str], list[Mapping[str, str]]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["tau"]), []).append(r)
+    out = []
+    for (method, tau), rs in groups.items():
+        rs = [r for r in rs if r["prompt_id"] in ref]
+        if not rs:
+            continue
+        walls = [_num(r["wall_s"]) or 0.0 for r in rs]
+        ref_walls = [_num(ref[r["prompt_id"]]["wall_s"]) or 0.0 for r in rs]
+        accs = [a for a in (_num(r["acceptance"]) for r in rs) if a is not None]
+        ret = [x for x in (_num(r["ir_retention"]) for r in rs) if x is not None]
+        metric_cols = sorted({k for r in rs for k in r if k.startswith(METRIC_PREFIX)})
+        item = {
+            "method": method, "tau": tau, "prompts": len(rs),
+            "speedup": sum(ref_walls) / sum(walls) if sum(walls) > 0 else None,
+            "acceptance": statistics.fmean(accs) if accs else None,
+            "ir_mean": statistics.fmean(_num(r["ir_mean"]) for r in rs),
+            "ir_min": statistics.fmean(_num(r["ir_min"]) for r in rs),
+            "ir_retention": statistics.fmean(ret) if ret else None,
+            "ir_delta": statistics.fmean(_num(r["ir_delta"]) or 0.0 for r in rs),
+        }
+        for c in metric_cols:
+            vals = [v for v in (_num(r.get(c)) for r in rs) if v is not None]
+            item[c] = statistics.fmean(vals) if vals else None
+        out.append(item)
+    for item in out:
+        item["pareto"] = not any(
+            o is not item and o["speedup"] is not None and item["speedup"] is not None
+            and o["speedup"] >= item["speedup"] and o["ir_mean"] >= item["ir_mean"]
+            and (o["speedup"] > item["speedup"] or o["ir_mean"] > item["ir_mean"])
+            for o in out
+        )
+    order = {"target-only": 0, "draft-only": 1, "sdvg": 2, "random": 3}
+    out.sort(key=lambda x: (order.get(x["method"], 9), _num(x["tau"]) or 0.0))
+    return out
+
+
+def write_summary(summary: Sequence[dict], path: Path) -> Path:
+    cols = ["method", "tau", "prompts", "speedup", "acceptance", "ir_mean", "ir_min", "ir_retention", "ir_delta",
+            "pareto"]
+    cols += sorted({k for s in summary for k in s if k.startswith(METRIC_PREFIX)})
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
+        w.writeheader()
+        for s in summary:
+            w.writerow({c: _cell(s.get(c)) for c in cols})
+    os.replace(tmp, path)
+    return path
+
+
+def render_pareto(summary: Sequence[dict], path: Path, *, width: int = 820, height: int = 520) -> Path:
+    """Quality (mean ImageReward of the outputs) vs speedup per method/τ; the Pareto front is connected."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("RGB", (width, height), (255, 255, 255))
+    d = ImageDraw.Draw(img)
+    font = ImageFont.load_default()
+    pts = [s for s in summary if s["speedup"] is not None]
+    left, right, top, bottom = 80, width - 170, 40, height - 60
+    d.rectangle([left, top, right, bottom], outline=(0, 0, 0))
+    d.text((left, 12), "SDVG eval: mean ImageReward of the output vs speedup over target-only (Pareto front: line)",
+           fill=(0, 0, 0), font=font)
+    d.text((left + (right - left) / 2 - 70, bottom + 32), "speedup over target-only (×)", fill=(0, 0, 0), font=font)
+    if pts:
+        xs = [p["speedup"] for p in pts]
+        ys = [p["ir_mean"] for p in pts]
+        x0, x1 = min(xs + [1.0]) * 0.95, max(xs) * 1.05
+        y_pad = (max(ys) - min(ys)) * 0.1 or 0.1
+        y0, y1 = min(ys) - y_pad, max(ys) + y_pad
+        if x1 <= x0:
+            x1 = x0 + 1.0
+
+        def px(x: float, y: float) -> tuple[float, float]:
+            return left + (x - x0) / (x1 - x0) * (right - left), bottom - (y - y0) / (y1 - y0) * (bottom - top)
+
+        for i in range(6):
+            x = x0 + (x1 - x0) * i / 5
+            y = y0 + (y1 - y0) * i / 5
+            d.text((px(x, y0)[0] - 12, bottom + 8), f"{x:.2f}", fill=(0, 0, 0), font=font)
+            d.text((left - 55, px(x0, y)[1] - 6), f"{y:+.3f}", fill=(0, 0, 0), font=font)
+            d.line([(left, px(x0, y)[1]), (right, px(x0, y)[1])], fill=(235, 235, 235))
+        colors = {"target-only": (70, 110, 200), "draft-only": (120, 120, 120), "sdvg": (219, 109, 40),
+                  "random": (46, 160, 67)}
+        front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["speedup"])
+        if len(front) > 1:
+            d.line([px(p["speedup"], p["ir_mean"]) for p in front], fill=(200, 40, 40), width=2)
+        for p in pts:
+            x, y = px(p["speedup"], p["ir_mean"])
+            c = colors.get(p["method"], (0, 0, 0))
+            d.ellipse([x - 5, y - 5, x + 5, y + 5], fill=c, outline=(0, 0, 0) if p["pareto"] else c)
+            label = p["method"] if not p["tau"] else f"{p['method']} τ={p['tau']}"
+            d.text((x + 7, y - 6), label, fill=(60, 60, 60), font=font)
+        ly = top
+        for m, c in colors.items():
+            d.ellipse([right + 15, ly + 2, right + 23, ly + 10], fill=c)
+            d.text((right + 30, ly), m, fill=(0, 0, 0), font=font)
+            ly += 18
+        d.line([(right + 12, ly + 6), (right + 26, ly + 6)], fill=(200, 40, 40), width=2)
+        d.text((right + 30, ly), "Pareto front", fill=(0, 0, 0), font=font)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    img.save(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parse_taus(text: str) -> tuple[float, ...]:
+    try:
+        taus = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise ConfigError(f"--taus must be comma-separated numbers, got {text!r}.") from exc
+    if not taus or any(not math.isfinite(t) for t in taus):
+        raise ConfigError(f"--taus needs finite numbers, got {text!r}.")
+    return taus
+
+
+def add_parser(subparsers) -> None:
+    from .cli import add_model_args
+
+    p = subparsers.add_parser(
+        "eval", help="quality vs speed over a prompt file: target-only, draft-only, SDVG τ sweep, matched random",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--prompts", required=True, help="text file, one prompt per line (see bench/prompts_sample.txt)")
+    p.add_argument("--out", required=True, help="output folder (results.csv, summary.csv, pareto.png, videos/); "
+                   "rerun with the same folder to resume")
+    p.add_argument("--taus", default=",".join(f"{t:g}" for t in DEFAULT_TAUS), help="τ sweep (default -2.5,-1.5,-0.7,-0.2)")
+    p.add_argument("--methods", default="target-only,draft-only,sdvg,random", help="subset of the four methods")
+    p.add_argument("--metric", action="append", default=[], help="external video metric module:callable "
+                   "(repeatable); e.g. sdvg.evaluate:temporal_flicker")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--max-rows", type=int, default=None, help="stop after N new rows (rerun to continue)")
+    p.add_argument("--no-videos", action="store_true", help="do not write mp4 files")
+    add_model_args(p)
+    g = p.add_argument_group("sampling")
+    g.add_argument("--blocks", type=int, default=None, help="blocks per video (default 7; tiny preset 3)")
+    g.add_argument("--width", type=int, default=None)
+    g.add_argument("--height", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--cache", choices=["recompute", "global", "noisy"], default="recompute")
+    g.add_argument("--schedule", default="constant")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args) -> int:
+    from .causal import CacheConfig
+    from .cli import resolve_models
+    from .sampler import SamplerConfig
+    from .tiny import TINY_HEIGHT, TINY_WIDTH
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr)  # noqa: T201 - CLI output
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    bad = [m for m in methods if m not in ("target-only", "draft-only", "sdvg", "random")]
+    if bad:
+        raise ConfigError(f"Unknown --methods {bad}; use target-only, draft-only, sdvg, random.")
+    taus = _parse_taus(args.taus)
+    prompts = read_prompts(args.prompts)[: args.limit] if args.limit else read_prompts(args.prompts)
+    metrics = [load_metric(spec) for spec in args.metric]
+    models, tiny = resolve_models(args, need=("drafter", "target", "vae", "text_encoder", "reward"), log=log)
+    dev = models.target_device
+    threads = getattr(args, "threads", None)
+    threads = threads if threads is not None else (1 if dev is not None and dev.type == "cpu" else None)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    config = SamplerConfig(
+        num_blocks=args.blocks or (3 if tiny else 7),
+        width=args.width or (TINY_WIDTH if tiny else 832), height=args.height or (TINY_HEIGHT if tiny else 480),
+        seed=args.seed, cache=CacheConfig(regime=args.cache), schedule=args.schedule,
+    )
+    log(f"eval: {len(prompts)} prompt(s), methods {', '.join(methods)}, τ {', '.join(map(str, taus))}, "
+        f"{config.num_blocks} blocks at {config.width}x{config.height}, {torch.get_num_threads()} thread(s)")
+    res = evaluate(models, prompts, args.out, taus=taus, methods=methods, sampler_config=config, metrics=metrics,
+                   max_rows=args.max_rows, save_videos=not args.no_videos, log=log)
+    print(format_summary(res["summary"]))  # noqa: T201 - CLI output
+    state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
+    log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
+    return 0
+
+
+def format_summary(summary: Sequence[dict]) -> str:
+    head = f"{'method':12s} {'τ':>6s} {'n':>3s} {'speedup':>8s} {'accept':>7s} {'IR mean':>8s} {'IR min':>8s} {'retain':>7s} pareto"
+    lines = [head, "-" * len(head)]
+    for s in summary:
+        acc = "—" if s["acceptance"] is None else f"{s['acceptance']:.0%}"
+        ret = "—" if s["ir_retention"] is None else f"{s['ir_retention']:.1%}"
+        sp = "—" if s["speedup"] is None else f"{s['speedup']:.2f}×"
+        lines.append(f"{s['method']:12s} {s['tau'] or '—':>6s} {s['prompts']:3d} {sp:>8s} {acc:>7s} "
+                     f"{s['ir_mean']:+8.3f} {s['ir_min']:+8.3f} {ret:>7s} {'*' if s['pareto'] else ''}")
+    return "\n".join(lines)
