@@ -298,6 +298,8 @@ class _Run:
             torch.cuda.Stream(self.aux_device) if cfg.pipelined and self.aux_device.type == "cuda" else None
         )
         self.next_draft: _Draft | None = None
+        self.noise_block: int | None = None
+        self.noise: dict = {}
 
     # ---------------------------------------------------------------- helpers
     def _encode_prompt(self, prompt_embeds):
@@ -321,10 +323,7 @@ class _Run:
         den, device = self.denoisers[model], self.devices[model]
         with _Timer.phase("cache", timings, device):
             den.sync(history)
-        noise = sample_block_noise(
-            self.s.config.seed, block, self.block_shape, len(self.s.schedule[block]),
-            device=device, dtype=_dtype_of(getattr(self.s.models, model)),
-        )
+        noise = self._block_noise(block, device, _dtype_of(getattr(self.s.models, model)))
         phase = "draft" if model == "drafter" else "target"
         before, start = den.forwards, time.perf_counter()
         with _Timer.phase(phase, timings, device):
@@ -332,6 +331,18 @@ class _Run:
         self.call_stats[model]["seconds"] += time.perf_counter() - start
         self.call_stats[model]["forwards"] += den.forwards - before
         return result
+
+    def _block_noise(self, block: int, device: torch.device, dtype: torch.dtype):
+        """The block's noise, sampled once per block and moved once per (device, dtype): the drafter and a
+        rejecting target share exactly the same tensors."""
+        if self.noise_block != block:
+            self.noise_block, self.noise = block, {}
+        key = (device, dtype)
+        if key not in self.noise:
+            self.noise[key] = sample_block_noise(
+                self.s.config.seed, block, self.block_shape, len(self.s.schedule[block]), device=device, dtype=dtype
+            )
+        return self.noise[key]
 
     def _verify(self, draft: _Draft, timings: dict):
         """Snapshot the VAE, decode the draft and score it. Returns (snapshot, frames, scores)."""

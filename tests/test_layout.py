@@ -88,3 +88,42 @@ def test_ci_runs_the_readme_test_command():
     pins = [line.strip() for line in constraints.splitlines() if line.strip() and not line.startswith("#")]
     assert "torch==2.13.0" in pins
     assert not any(p.startswith("torchvision") for p in pins)
+
+
+def _other_pythons() -> list[list[str]]:
+    """Interpreters for 3.10, 3.12 and 3.13 if this machine has them (pyenv or on PATH)."""
+    import shutil
+    import subprocess
+
+    found = []
+    for version in ("3.10", "3.12", "3.13"):
+        exe = shutil.which(f"python{version}")
+        cmd = [exe] if exe else None
+        if cmd is not None:
+            probe = subprocess.run([*cmd, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+            if probe.returncode != 0:
+                cmd = None
+        if cmd is None and shutil.which("pyenv"):
+            listing = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True, text=True).stdout.split()
+            match = [v for v in listing if v.startswith(version + ".")]
+            if match:
+                cmd = ["env", f"PYENV_VERSION={match[-1]}", "python"]
+        if cmd is not None:
+            found.append(cmd)
+    return found
+
+
+def test_sources_compile_on_python_3_10_to_3_13():
+    """Users run ComfyUI on Python 3.10-3.13: every engine and node module must at least compile there."""
+    import subprocess
+
+    pythons = _other_pythons()
+    if not pythons:
+        import pytest
+
+        pytest.skip("no Python 3.10/3.12/3.13 interpreter on this machine")
+    files = [str(p) for d in ("sdvg", "nodes") for p in sorted((REPO / d).rglob("*.py"))] + [str(REPO / "__init__.py")]
+    code = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, encoding='utf-8').read(), f, 'exec')\nprint(sys.version_info[:2])"
+    for cmd in pythons:
+        proc = subprocess.run([*cmd, "-c", code, *files], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"{' '.join(cmd)}: {proc.stderr[-2000:]}"
