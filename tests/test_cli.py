@@ -71,3 +71,29 @@ def test_make_tiny_command(tmp_path):
     assert main(["make-tiny", str(tmp_path / "m")]) == 0
     for folder in ("diffusion_models", "vae", "text_encoders", "image_reward"):
         assert any((tmp_path / "m" / folder).iterdir())
+
+
+def test_ctrl_c_writes_the_partial_video_and_report(tiny_dir, tmp_path):
+    import signal
+
+    out, rep = tmp_path / "v.mp4", tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sdvg", "generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu",
+         "--threads", "1", "--blocks", "40", "--mode", "target-only", "--out", str(out), "--report", str(rep)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for line in proc.stderr:
+            if "block 2/40" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        stdout, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    report = json.loads(rep.read_text())
+    assert report["partial"] is True
+    finished = len(report["blocks"])
+    assert 2 <= finished < 40
+    assert read_mp4_frame_count(out) == 12 * finished - 3
+    assert "(partial)" in stdout
