@@ -31,6 +31,7 @@ MAX_BLOCKS = 64
 EVENT_BLOCK = "sdvg.block"
 EVENT_START = "sdvg.start"
 EVENT_DONE = "sdvg.done"
+EVENT_PREVIEW = "sdvg.preview"  # {node, display_node, block}: the next preview image of this node shows this block
 
 
 def _finite(value):
@@ -39,19 +40,38 @@ def _finite(value):
     return value
 
 
+def _frame_stats(scores: list) -> dict | None:
+    values = [s for s in scores if isinstance(s, float) and math.isfinite(s)]
+    if not values:
+        return None
+    return {"min": min(values), "mean": sum(values) / len(values), "max": max(values), "count": len(values)}
+
+
 def block_payload(node_id: str, display_node_id: str, record, num_blocks: int, num_frames: int) -> dict:
-    """The JSON body of one ``sdvg.block`` event (also what the web timeline renders)."""
+    """The JSON body of one ``sdvg.block`` event (also what the web timeline renders).
+
+    ``kind`` is the outcome the timeline colours: accept (draft kept) / reject (draft rejected, the target
+    regenerated the block) / forced (the target made it without a draft: block 0, target-only), as in
+    ``sdvg.report.block_kind``; ``drafted`` and ``produced_by`` are the record's own fields it is derived from.
+    ``q`` and ``scores`` are the scores the router decided on (the draft's, for accept and reject);
+    ``frame_stats`` is their min / mean / max."""
+    from ..sdvg.report import block_kind
+
     data = record.to_dict() if hasattr(record, "to_dict") else dict(record)
+    scores = [_finite(float(s)) for s in data.get("scores") or []]
     return {
         "node": node_id,
         "display_node": display_node_id,
         "block": int(data["block"]),
         "num_blocks": num_blocks,
+        "kind": block_kind(data),
         "decision": data.get("decision"),
         "reason": data.get("reason"),
         "produced_by": data.get("produced_by"),
+        "drafted": bool(data.get("drafted")),
         "q": _finite(data.get("q")),
-        "scores": [_finite(float(s)) for s in data.get("scores") or []],
+        "scores": scores,
+        "frame_stats": _frame_stats(scores),
         "tau": _finite(data.get("tau")),
         "aggregation": data.get("aggregation"),
         "steps": data.get("steps"),
@@ -224,6 +244,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
             for block, image in items:
                 if block not in sent_previews:
                     sent_previews.add(block)
+                    _host.send_event(EVENT_PREVIEW, {"node": node_id, "display_node": display_id, "block": block})
                     progress.preview(image)
 
         def on_step(event) -> None:

@@ -101,15 +101,60 @@ def test_timeline_fills_one_cell_per_block(server, page):
     )
     page.evaluate("() => app.queuePrompt(0, 1)")
     page.wait_for_function(
-        "(n) => document.querySelectorAll('.sdvg-tl-cell.accept, .sdvg-tl-cell.target').length >= n", arg=blocks, timeout=180000
+        "(n) => document.querySelectorAll('.sdvg-tl-cell[data-kind]').length >= n", arg=blocks, timeout=180000
     )
-    page.wait_for_function("() => !!document.querySelector('.sdvg-tl-frames img[src^=\"blob:\"]')", timeout=30000)
-    cells = page.evaluate("() => [...document.querySelectorAll('.sdvg-tl-cell')].map(c => c.className)")
-    assert len(cells) == blocks and "target" in cells[0]
-    page.wait_for_timeout(1500)
+    page.wait_for_function("() => /·/.test(document.querySelector('.sdvg-tl-stats').textContent)", timeout=30000)
+    kinds = page.evaluate("() => [...document.querySelectorAll('.sdvg-tl-cell')].map(c => c.dataset.kind)")
+    assert len(kinds) == blocks and kinds[0] == "forced"
+    assert set(kinds) <= {"accept", "reject", "forced"}
+    # the tiny workflow's τ splits the tiny reward's scores: drafts are both kept and regenerated
+    assert {"accept", "reject"} <= set(kinds), kinds
+    assert page.evaluate("() => document.querySelectorAll('.sdvg-tl-dot').length") == blocks
+    # the widget is laid out: header above the cells, cells inside the node's width, nothing overlapping
+    boxes = page.evaluate(
+        """() => { const r = (s) => document.querySelector(s).getBoundingClientRect();
+                   const cells = [...document.querySelectorAll('.sdvg-tl-cell')].map(c => c.getBoundingClientRect());
+                   return {head: r('.sdvg-tl-head'), cells: r('.sdvg-tl-cells'), chart: r('.sdvg-tl-chart'),
+                           detail: r('.sdvg-tl-detail'), root: r('.sdvg-tl'),
+                           widths: cells.map(c => c.width)}; }"""
+    )
+    assert boxes["head"]["bottom"] <= boxes["cells"]["top"] and boxes["cells"]["bottom"] <= boxes["chart"]["top"]
+    assert boxes["chart"]["bottom"] <= boxes["detail"]["top"] <= boxes["detail"]["bottom"] <= boxes["root"]["bottom"] + 0.5
+    assert sum(boxes["widths"]) > 0.8 * boxes["cells"]["width"]  # the cells fill the node's width
+    # hover a regenerated block: its details and its own frames show in the panel
+    reject = kinds.index("reject")
+    _focus_on_sampler(page)
+    page.hover(f".sdvg-tl-cell[data-block='{reject}']")
+    page.wait_for_function("() => document.querySelector('.sdvg-tl-thumb.on')", timeout=10000)
+    detail = page.evaluate("() => document.querySelector('.sdvg-tl-detail').textContent")
+    assert f"block {reject}" in detail and "q_b" in detail and "τ" in detail and "mean" in detail, detail
+    page.wait_for_timeout(500)
     out = REPO / "out"
     out.mkdir(exist_ok=True)
     shot = out / "sdvg_timeline.png"
     page.screenshot(path=str(shot))
     shutil.copyfile(shot, REPO / "docs" / "sdvg_timeline.png")
     assert not [e for e in page.errors if "sdvg" in e.lower()], page.errors
+
+
+def test_removing_the_node_releases_its_listeners(server, page):
+    _load_tiny(page)
+    before = page.evaluate("() => document.querySelectorAll('.sdvg-tl').length")
+    assert before == 1
+    page.evaluate(
+        "() => { const n = app.graph._nodes.find(n => n.type === 'SDVGSpeculativeSampler'); window.__sdvgT = n.sdvgTimeline;"
+        " app.graph.remove(n); }"
+    )
+    assert page.evaluate("() => Object.keys(window.__sdvgT.handlers).length") == 0
+    assert page.evaluate("() => document.querySelectorAll('.sdvg-tl').length") == 0
+
+
+def _focus_on_sampler(page) -> None:
+    """Zoom the canvas onto the sampler and its outputs, so the screenshot shows the widget at a readable size."""
+    page.evaluate(
+        """() => { const n = app.graph._nodes.find(n => n.type === 'SDVGSpeculativeSampler');
+                   const ds = app.canvas.ds; ds.scale = 1.05;
+                   ds.offset[0] = -n.pos[0] + 40; ds.offset[1] = -n.pos[1] + 50;
+                   app.canvas.setDirty(true, true); }"""
+    )
+    page.wait_for_timeout(800)

@@ -36,6 +36,15 @@ def models_dir(tmp_path_factory):
     # a corrupt DiT for the error test
     (root / "diffusion_models").mkdir(exist_ok=True)
     (root / "diffusion_models" / "sdvg_corrupt.safetensors").write_bytes(b"\x00not a safetensors file" * 4)
+    # a valid DiT that cannot pair with the tiny drafter: its text embedding width differs
+    from safetensors.torch import save_file
+
+    from sdvg.wan_loading import META_NUM_HEADS, TINY_TARGET_CONFIG, TINY_TEXT_DIM, random_original_state_dict
+
+    config = dict(TINY_TARGET_CONFIG, text_dim=TINY_TEXT_DIM * 2)
+    save_file({"model." + k: v for k, v in random_original_state_dict(config, seed=99).items()},
+              str(root / "diffusion_models" / "sdvg_other_text_dim.safetensors"),
+              metadata={META_NUM_HEADS: str(config["num_attention_heads"])})
     return root
 
 
@@ -110,7 +119,10 @@ def test_tiny_workflow_streams_blocks_and_saves_a_video(server, models_dir):
     events = log.of("sdvg.block")
     assert [e["block"] for e in events] == list(range(blocks))
     assert all(e["node"] == node and e["decision"] for e in events)
-    assert events[0]["produced_by"] == "target"
+    assert events[0]["produced_by"] == "target" and events[0]["kind"] == "forced" and not events[0]["drafted"]
+    for e in events:
+        assert e["kind"] == ("accept" if e["produced_by"] == "drafter" else "reject" if e["drafted"] else "forced")
+    assert [a["block"] for a in log.of("sdvg.preview")] == list(range(blocks))
     previews = [p for p in log.previews() if p["node_id"] == node]
     assert len(previews) == blocks and all(p["image_type"] == "image/jpeg" and p["bytes"] > 100 for p in previews)
     assert [p["display_node_id"] for p in previews] == [node] * blocks
@@ -149,6 +161,18 @@ def test_corrupt_model_gives_execution_error_and_server_stays_up(server, models_
     assert errors[0]["exception_type"].endswith("ModelFileError"), errors[0]
     assert "sdvg_corrupt.safetensors" in errors[0]["exception_message"]
     assert server.alive()
+
+
+def test_mismatched_drafter_and_target_is_a_node_error(server):
+    prompt = tiny_prompt()
+    node = sampler_id(prompt)
+    target_loader = prompt[node]["inputs"]["target"][0]
+    prompt[target_loader]["inputs"]["model_name"] = "sdvg_other_text_dim.safetensors"
+    log = server.run(prompt)
+    errors = log.of("execution_error")
+    assert errors and errors[0]["node_type"] == "SDVGSpeculativeSampler", log.types()
+    assert errors[0]["exception_type"].endswith("ConfigError") and "text_dim" in errors[0]["exception_message"]
+    assert not log.of("sdvg.block") and server.alive()
 
 
 def test_server_log_has_no_pack_import_error(server):

@@ -263,3 +263,108 @@ def test_sampler_config_errors_are_clear(tiny_host, tiny_nodes):
         _run_tiny(nodes, schedule="custom", custom_schedule="  ")
     with pytest.raises(ConfigError):
         _run_tiny(nodes, schedule="custom", custom_schedule="250,500")
+
+
+def test_block_events_tell_the_three_outcomes_apart(tiny_host, tiny_nodes):
+    """accept (draft kept), reject (draft rejected, target regenerated), forced (target, no draft) — from
+    produced_by / drafted, exactly as the report's block_kind; random routing at 0.5 gives a fixed mix per seed."""
+    from sdvg.report import block_kind
+
+    out, _router = _run_tiny(tiny_nodes, blocks=6, mode="random", seed=3)
+    events = tiny_host.events_of("sdvg.block")
+    report = json.loads(out.args[2])
+    kinds = [e["kind"] for e in events]
+    assert kinds == [block_kind(b) for b in report["blocks"]]
+    assert kinds[0] == "forced" and {"accept", "reject"} <= set(kinds[1:]), kinds
+    for e, b in zip(events, report["blocks"], strict=True):
+        assert (e["produced_by"], e["drafted"], e["decision"]) == (b["produced_by"], b["drafted"], b["decision"])
+        assert e["produced_by"] == ("drafter" if e["kind"] == "accept" else "target")
+        assert e["drafted"] is (e["kind"] != "forced")
+        assert set(e["timings"]) and all(isinstance(v, float) for v in e["timings"].values())
+        json.dumps(e, allow_nan=False)  # strict JSON: what the browser's JSON.parse accepts
+
+
+def test_reward_events_carry_q_tau_and_frame_stats(tiny_host, tiny_nodes):
+    _run_tiny(tiny_nodes, blocks=3, tau=-0.7)
+    events = tiny_host.events_of("sdvg.block")
+    for e in events[1:]:  # drafted and scored blocks
+        assert e["kind"] in ("accept", "reject") and isinstance(e["q"], float) and e["tau"] == -0.7
+        stats = e["frame_stats"]
+        assert stats["count"] == len(e["scores"]) == e["frames"]
+        assert stats["min"] == pytest.approx(min(e["scores"])) == pytest.approx(e["q"])  # min aggregation
+        assert stats["min"] <= stats["mean"] <= stats["max"]
+    assert events[0]["kind"] == "forced" and events[0]["frame_stats"] is None
+
+
+def test_each_preview_is_announced_with_its_block(tiny_host, tiny_nodes):
+    _run_tiny(tiny_nodes, blocks=3)
+    announced = tiny_host.events_of("sdvg.preview")
+    assert [a["block"] for a in announced] == [0, 1, 2] and len(tiny_host.previews) == 3
+    assert all(a["node"] == "7" and a["display_node"] == "7" for a in announced)
+
+
+def test_latent_output_is_raw_vae_space_and_decodes_to_the_images(tiny_host, tiny_nodes):
+    out, _router = _run_tiny(tiny_nodes, blocks=2)
+    images, latent, _report = out.args
+    vae = tiny_nodes["SDVGVAELoader"].execute(model_name="sdvg_tiny_vae.safetensors", device="cpu", dtype="fp32")[0].model
+    samples = latent["samples"]
+    assert samples.dtype == torch.float32 and samples.device.type == "cpu"
+    with torch.no_grad():
+        video = vae.model.decode(samples).sample  # the plain (non-streaming) decoder on the raw latents
+    frames = ((video[0].clamp(-1, 1) + 1) * 0.5).permute(1, 2, 3, 0)
+    torch.testing.assert_close(frames, images, rtol=0, atol=2e-4)
+    torch.testing.assert_close(vae.denormalize(vae.normalize(samples)), samples, rtol=0, atol=1e-5)
+
+
+def test_bad_sampler_settings_are_clear_errors(tiny_host, tiny_nodes):
+    from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="multiples of 16"):
+        _run_tiny(tiny_nodes, width=72)
+    with pytest.raises(ConfigError, match="NaN"):
+        _run_tiny(tiny_nodes, tau=float("nan"))
+    assert not tiny_host.events_of("sdvg.start")  # refused before anything ran
+
+
+def _write_dit_with_text_dim(models_dir, text_dim: int) -> str:
+    from safetensors.torch import save_file
+
+    from sdvg.wan_loading import META_NUM_HEADS, TINY_TARGET_CONFIG, random_original_state_dict
+
+    config = dict(TINY_TARGET_CONFIG, text_dim=text_dim)
+    sd = random_original_state_dict(config, seed=99)
+    name = f"sdvg_test_text{text_dim}.safetensors"
+    save_file({"model." + k: v for k, v in sd.items()}, str(models_dir / "diffusion_models" / name),
+              metadata={META_NUM_HEADS: str(config["num_attention_heads"])})
+    return name
+
+
+def test_mismatched_drafter_and_target_is_a_clear_error(tiny_host, tiny_nodes):
+    """Two DiTs that cannot share one text encoder (different text_dim): a ConfigError naming the field, before
+    any model runs; the next run with matching models works."""
+    from sdvg.wan_loading import TINY_TEXT_DIM
+    from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    name = _write_dit_with_text_dim(tiny_host.models_dir, TINY_TEXT_DIM * 2)
+    try:
+        load = tiny_nodes["SDVGModelLoader"].execute
+        odd = load(model_name=name, weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+        assert odd.model.config["text_dim"] == TINY_TEXT_DIM * 2
+        vae = tiny_nodes["SDVGVAELoader"].execute(model_name="sdvg_tiny_vae.safetensors", device="cpu", dtype="fp32")[0]
+        drafter = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+        te = tiny_nodes["SDVGTextEncoderLoader"].execute(model_name="sdvg_tiny_umt5.safetensors", device="cpu", dtype="fp32")[0]
+        cond = tiny_nodes["SDVGTextEncode"].execute(prompt="a fox", text_encoder=te)[0]
+        router = tiny_nodes["SDVGRewardRouter"].execute(tau=-0.7, aggregation="min", quantile=0.1, threshold_mode="fixed",
+                                                        target_rate=0.72, delta=0.5, mode="random", random_rate=0.5,
+                                                        force_reject_first=True, early_exit=False)[0]
+        sampler = tiny_nodes["SDVGSpeculativeSampler"]
+        sampler.hidden = stub.HiddenHolder(unique_id="9")
+        with pytest.raises(ConfigError, match="text_dim"):
+            sampler.execute(vae=vae, conditioning=cond, router=router, drafter=drafter, target=odd, seed=0, blocks=2,
+                            width=64, height=64, cache="recompute", schedule="constant", custom_schedule="",
+                            pipelined=False, refine_from_step=0)
+        assert not tiny_host.events_of("sdvg.start") and not tiny_host.progress
+    finally:
+        (tiny_host.models_dir / "diffusion_models" / name).unlink()
+    out, _router = _run_tiny(tiny_nodes, blocks=1)
+    assert out.args[0].shape[0] == 9
