@@ -749,15 +749,17 @@ class RealSizeSpec:
 
 def _random_dit(config: dict, device: torch.device, dtype: torch.dtype, seed: int):
     """A CausalWanTransformer with random weights built directly on ``device`` (meta shell + per-tensor init)."""
-    from .wan_loading import _empty_model, build_dit_from_state_dict
+    from .wan_loading import _empty_model, _target_dtypes, build_dit_from_state_dict
 
     shell = _empty_model(config)
-    gen = torch.Generator(device=device).manual_seed(seed) if device.type != "meta" else None
+    if device.type == "meta":  # shapes and dtypes only (the memory plan)
+        for name, want in _target_dtypes(shell, dtype).items():
+            param = shell.get_parameter(name)
+            param.data = param.data.to(want)
+        return shell.eval().requires_grad_(False)
+    gen = torch.Generator(device=device).manual_seed(seed)
     sd = {}
     for key, t in shell.state_dict().items():
-        if device.type == "meta":
-            sd[key] = torch.empty(t.shape, device="meta", dtype=dtype)
-            continue
         if "norm" in key and key.endswith("weight"):
             sd[key] = torch.ones(t.shape, device=device, dtype=dtype)
         elif key.endswith("bias"):

@@ -1,0 +1,175 @@
+"""`python -m sdvg bench`: cost-model math on synthetic records, exact acceptance patterns, one tiny run, real-size
+dry run on meta. No timing thresholds here (CI machines vary); the goals are checked by the bench itself."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from sdvg import bench
+from sdvg.cli import main
+from sdvg.errors import ConfigError
+from sdvg.router import Router, RouterConfig
+
+
+def measure(counts: dict[str, int], secs: dict[str, float], wall: float) -> bench.RunMeasure:
+    full_counts = {k: counts.get(k, 0) for k in bench.CALL_KINDS}
+    full_secs = {k: secs.get(k, 0.0) for k in bench.CALL_KINDS}
+    return bench.RunMeasure(wall=wall, busy=sum(full_secs.values()), in_calls=sum(full_secs.values()),
+                            counts=full_counts, call_seconds=full_secs, phases={}, per_block=[], decisions=[],
+                            produced_by=[])
+
+
+def test_cost_table_prediction_bound_and_efficiency_on_synthetic_runs():
+    # target forward 10 ms, drafter 1 ms, decode 5 ms, score 2 ms, exactly
+    costs = {"target": 0.010, "drafter": 0.001, "decode": 0.005, "score": 0.002}
+    target_only = {"target": 20, "decode": 4}  # 4 blocks: 4 + 3 × (4 steps + refill) forwards… simplified
+    accept_all = {"target": 4, "drafter": 15, "decode": 4, "score": 3}
+    runs = [measure(c, {k: n * costs[k] for k, n in c.items()}, wall=0.0) for c in (target_only, accept_all)]
+    table = bench.cost_table(runs)
+    for k, v in costs.items():
+        assert table[k] == pytest.approx(v)
+    assert table["setup"] is None
+    p_to = bench.predicted_seconds(target_only, table)
+    p_acc = bench.predicted_seconds(accept_all, table)
+    assert p_to == pytest.approx(20 * 0.010 + 4 * 0.005)
+    assert p_acc == pytest.approx(4 * 0.010 + 15 * 0.001 + 4 * 0.005 + 3 * 0.002)
+    bound = p_to / p_acc
+    # a run with 10 % overhead on top of its model time, against a baseline with none
+    speedup = (p_to / 1.0) / (p_acc / 0.9)
+    assert speedup / bound == pytest.approx(0.9)
+    with pytest.raises(ConfigError):
+        bench.predicted_seconds({"score": 1}, {"score": None})
+
+
+def test_pattern_counts_recompute():
+    steps = [4, 4, 4, 4, 4]
+    c = bench.pattern_counts([True, False, True, False], steps=steps)
+    # block 0: 4 target forwards; each drafted block: 4 steps + 1 refill; two rejects: 2 × (4 + 1) target forwards
+    assert c == {"target": 4 + 10, "drafter": 4 * 5, "decode": 5 + 2, "score": 4}
+    c = bench.pattern_counts([False, False, False, False], steps=steps, refine_from_step=2, scored=False)
+    assert c["target"] == 4 + 4 * (2 + 1) and c["score"] == 0
+    with pytest.raises(ConfigError):
+        bench.pattern_counts([True], steps=steps)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("level", bench.LEVELS)
+def test_exact_pattern_seed_matches_the_random_router(n, level):
+    seed, pattern = bench.exact_pattern_seed(n, level)
+    assert sum(pattern) == round(level * n)
+    router = Router(RouterConfig(mode="random", random_rate=level, seed=seed))
+    decisions = [router.decide(b).decision == "accept" for b in range(1, n + 1)]
+    assert decisions == pattern
+    rng = random.Random(seed)
+    assert pattern == [rng.random() < level for _ in range(n)]
+
+
+def test_busy_seconds_is_the_union_of_intervals():
+    assert bench.busy_seconds([]) == 0.0
+    assert bench.busy_seconds([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)
+    assert bench.busy_seconds([(3, 4), (0, 1)]) == pytest.approx(2.0)
+
+
+def test_goals_on_a_synthetic_report():
+    def row(name, group, level, wall, eff, ovh, router="scored", per_block=None, regime="recompute"):
+        return {"name": name, "group": group, "level": level, "wall_s": wall, "efficiency": eff, "overhead": ovh,
+                "router": router, "regime": regime, "schedule": "constant", "per_block_s": per_block or []}
+
+    rows = [
+        row("target-only", "baseline", None, 2.0, 1.0, 0.01, router="target-only", per_block=[1, 2, 2, 2, 2, 2, 2]),
+        row("scored @75%", "scored", 0.75, 1.0, 0.97, 0.02),
+        row("pipelined @75%", "pipelined", 0.75, 0.9, 1.1, 0.02),
+        row("target-only noisy", "noisy", None, 1.5, 1.0, 0.01, router="target-only", regime="noisy",
+            per_block=[1, 1, 1, 1.5, 2, 2, 2]),
+    ]
+    g = bench.evaluate_goals({"rows": rows})
+    assert g["efficiency_ok"] and g["overhead_ok"] and g["pipelined_ok"]
+    assert g["per_block_growth"]["recompute/constant"] == pytest.approx(0.0)
+    assert g["flat_ok"] is False  # the noisy row grows
+    rows[1]["efficiency"] = 0.9
+    assert not bench.evaluate_goals({"rows": rows})["efficiency_ok"]
+
+
+def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_path, capsys):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    rc = main(["bench", "--models", str(tiny_dir), "--blocks", "3", "--repeats", "1", "--warmup", "0",
+               "--levels", "50", "--only", "baseline,random,scored,pipelined,refine,noisy,diagonal",
+               "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "speedup" in table and "target/drafter forward cost ratio" in table
+    report = json.loads(out.read_text())
+    assert png.stat().st_size > 0
+    assert report["schema"] == bench.SCHEMA
+    assert report["machine"]["torch_threads"] == 1
+    assert report["cost_model"]["target_over_drafter_forward"] > 0
+    names = [r["name"] for r in report["rows"]]
+    assert names[:2] == ["target-only", "draft-only"]
+    assert {"random @50%", "scored @50%", "pipelined @50%", "refine@2 @50%", "target-only noisy",
+            "scored noisy @50%", "target-only diagonal", "scored diagonal @50%"} <= set(names)
+    fields = {"wall_s", "speedup", "bound", "efficiency", "overhead", "acceptance", "phase_s", "calls", "predicted_s",
+              "peak_rss_bytes", "cuda_peak_bytes", "kv_cache_bytes", "vae_cache_bytes", "vae_snapshot_bytes",
+              "per_block_s", "pattern_ok", "calls_match_model"}
+    for r in report["rows"]:
+        assert fields <= set(r), r["name"]
+        assert r["wall_s"] > 0 and r["bound"] > 0 and 0 <= r["overhead"] < 1
+        assert set(bench.PHASES) <= set(r["phase_s"])
+        assert r["peak_rss_bytes"] > 0 and r["vae_cache_bytes"] > 0
+        if r["level"] is not None:
+            assert r["pattern_ok"], r["name"]
+            assert r["acceptance"] == pytest.approx(r["level"])
+        if r["calls_match_model"] is not None:
+            assert r["calls_match_model"], r["name"]
+    base = report["rows"][0]
+    assert base["speedup"] == pytest.approx(1.0) and base["bound"] == pytest.approx(1.0)
+    assert set(base["kv_cache_bytes"]) == {"target"}
+    assert report["rows"][1]["calls"]["target"] == 0
+    assert {"efficiency_ok", "overhead_ok", "flat_ok", "pipelined_ok", "per_block_growth"} <= set(report["goals"])
+
+
+def test_real_size_dry_run_builds_on_meta_and_prints_the_plan(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["bench", "--profile", "real-size", "--dry-run", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "memory plan at 832x480" in text and "KV target" in text
+    plan = json.loads(out.read_text())["memory_plan"]
+    assert 14.0e9 < plan["models"]["target"]["params"] < 14.5e9
+    assert 1.3e9 < plan["models"]["drafter"]["params"] < 1.5e9
+    assert plan["models"]["target"]["layers"] == 40 and plan["models"]["drafter"]["dim"] == 1536
+    # SPEC §2: 14B / 6-frame window ≈ 7.7 GB, 1.3B ≈ 1.7 GB in bf16 (recompute keeps 3 context + 3 block frames)
+    assert plan["kv_cache_bytes"]["target"]["recompute"] == pytest.approx(7.7e9, rel=0.01)
+    assert plan["kv_cache_bytes"]["drafter"]["recompute"] == pytest.approx(1.72e9, rel=0.01)
+    assert plan["vae_cache_bytes"] > 1e9
+
+
+def test_real_size_refuses_without_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(["bench", "--profile", "real-size"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_real_size_model_builder_runs_the_bench_at_tiny_shapes():
+    """The real-size code path (random DiTs/VAE/ImageReward built in place) end to end, at tiny shapes on the CPU."""
+    from dataclasses import replace
+
+    from sdvg.reward import TINY_CONFIG, tiny_vocab
+    from sdvg.wan_loading import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
+
+    configs = {"drafter": TINY_DRAFTER_CONFIG, "target": TINY_TARGET_CONFIG, "vae_base_dim": 2,
+               "reward": replace(TINY_CONFIG, vocab_size=len(tiny_vocab()) + 2)}
+    spec = bench.RealSizeSpec(dtype=torch.float32)
+    device = torch.device("cpu")
+    models = bench.build_real_size_models(device, spec, configs=configs)
+    s = bench.BenchSettings(profile="real-size", blocks=2, width=32, height=32, repeats=1, warmup=0, levels=(1.0,))
+    embeds = torch.randn(1, 8, TINY_DRAFTER_CONFIG["text_dim"])
+    variants = [bench.Variant("target-only", "target-only"), bench.Variant("scored @100%", "scored", 1.0)]
+    report = bench.run_bench(models, s, device=device, embeds=embeds, variants=variants, sanitize_frames=True)
+    assert [r["name"] for r in report["rows"]] == ["target-only", "scored @100%"]
+    assert report["rows"][1]["acceptance"] == 1.0 and report["rows"][1]["calls"]["score"] == 1
+    plan = bench.memory_plan(models, s)
+    assert plan["kv_cache_bytes"]["target"]["recompute"] > 0

@@ -1,0 +1,119 @@
+"""`python -m sdvg eval` on the tiny models: rows, resume without duplicates, CSV/summary/plot, metric hook."""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+
+import pytest
+import torch
+
+from sdvg import evaluate as ev
+from sdvg.cli import main
+from sdvg.errors import ConfigError
+from sdvg.sampler import SamplerConfig
+
+PROMPTS = ["a red fox running through snow", "a city street at night with neon lights"]
+CONFIG = SamplerConfig(num_blocks=2, width=64, height=64)
+
+
+def read_rows(path):
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def keys(rows):
+    return [(r["prompt_id"], r["method"], r["tau"]) for r in rows]
+
+
+def test_eval_resumes_without_duplicates_and_writes_outputs(tiny_models, tmp_path):
+    out = tmp_path / "eval"
+    metric = [ev.load_metric("sdvg.evaluate:temporal_flicker")]
+    first = ev.evaluate(tiny_models, PROMPTS, out, taus=(-0.5,), sampler_config=CONFIG, metrics=metric, max_rows=3,
+                        save_videos=True, warmup=False)
+    assert first["written"] == 3 and not first["complete"]
+    rows = read_rows(out / ev.RESULTS)
+    assert keys(rows) == [("0", "target-only", ""), ("0", "draft-only", ""), ("0", "sdvg", "-0.5")]
+    # a crash in the middle of writing a row leaves a partial line: it is dropped on resume
+    with (out / ev.RESULTS).open("a", encoding="utf-8") as fh:
+        fh.write("0,random,-0.5,half a ro")
+    (out / "videos" / ".p0000_random_tau-0.5.tmp.mp4").write_bytes(b"partial")
+    second = ev.evaluate(tiny_models, PROMPTS, out, taus=(-0.5,), sampler_config=CONFIG, metrics=metric,
+                         save_videos=True, warmup=False)
+    assert second["complete"] and second["skipped"] == 3 and second["written"] == 5
+    third = ev.evaluate(tiny_models, PROMPTS, out, taus=(-0.5,), sampler_config=CONFIG, metrics=metric,
+                        save_videos=True, warmup=False)
+    assert third["written"] == 0 and third["complete"]
+    rows = read_rows(out / ev.RESULTS)
+    assert len(rows) == 8 and max(Counter(keys(rows)).values()) == 1
+    assert list(rows[0])[-1] == "m_flicker" and all(r["m_flicker"] for r in rows)
+    for r in rows:
+        assert (out / r["video"]).is_file()
+        assert float(r["ir_min"]) <= float(r["ir_mean"])
+    assert not list((out / "videos").glob(".*.tmp.mp4"))
+    by = {(r["prompt_id"], r["method"], r["tau"]): r for r in rows}
+    for pid in ("0", "1"):
+        assert float(by[(pid, "target-only", "")]["speedup"]) == 1.0
+        assert by[(pid, "target-only", "")]["pattern"] == "TT"
+        assert by[(pid, "draft-only", "")]["pattern"] == "AA"
+        # random routing at the acceptance the τ run realized on the same prompt
+        assert by[(pid, "random", "-0.5")]["accepted"] == by[(pid, "sdvg", "-0.5")]["accepted"]
+        assert float(by[(pid, "sdvg", "-0.5")]["ir_delta"]) == pytest.approx(
+            float(by[(pid, "sdvg", "-0.5")]["ir_mean"]) - float(by[(pid, "target-only", "")]["ir_mean"]), abs=1e-5)
+    summary = read_rows(out / ev.SUMMARY)
+    assert {(s["method"], s["tau"]) for s in summary} == {("target-only", ""), ("draft-only", ""), ("sdvg", "-0.5"),
+                                                         ("random", "-0.5")}
+    assert (out / ev.PARETO).stat().st_size > 0
+
+
+def test_eval_cli_on_the_tiny_preset_without_videos(tiny_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# comment\n" + "\n".join(PROMPTS) + "\n\n", encoding="utf-8")
+    out = tmp_path / "cli"
+    args = ["eval", "--prompts", str(prompts), "--out", str(out), "--models", str(tiny_dir), "--blocks", "2",
+            "--taus=-1", "--methods", "target-only,sdvg", "--no-videos", "--limit", "1"]
+    assert main(args) == 0
+    assert "sdvg" in capsys.readouterr().out
+    rows = read_rows(out / ev.RESULTS)
+    assert keys(rows) == [("0", "target-only", ""), ("0", "sdvg", "-1")] and rows[0]["video"] == ""
+    assert main(args) == 0
+    assert len(read_rows(out / ev.RESULTS)) == 2
+
+
+def test_metric_hook_discovers_columns_and_refuses_a_changed_set(tiny_models, tmp_path):
+    calls = []
+
+    def brightness(frames, prompt):
+        calls.append((tuple(frames.shape), prompt))
+        return {"brightness": float(frames.mean())}
+
+    out = tmp_path / "m"
+    ev.evaluate(tiny_models, PROMPTS[:1], out, taus=(), methods=("target-only",), sampler_config=CONFIG,
+                metrics=[("x", brightness)], save_videos=False, warmup=False)
+    assert calls and calls[0][0][1:] == (64, 64, 3) and calls[0][1] == PROMPTS[0]
+    assert "m_brightness" in read_rows(out / ev.RESULTS)[0]
+
+    def other(frames, prompt):
+        return {"sharpness": 1.0}
+
+    with pytest.raises(ConfigError, match="not in"):
+        ev.evaluate(tiny_models, PROMPTS, out, taus=(), methods=("target-only",), sampler_config=CONFIG,
+                    metrics=[("y", other)], save_videos=False, warmup=False)
+
+
+def test_load_metric_and_inputs():
+    label, fn = ev.load_metric("sdvg.evaluate:temporal_flicker")
+    assert fn(torch.zeros(3, 4, 4, 3), "p") == {"flicker": 0.0}
+    for bad in ("nocolon", "sdvg.evaluate:missing", "sdvg_no_such_module_xyz:f", "sdvg.evaluate:DEFAULT_TAUS"):
+        with pytest.raises(ConfigError):
+            ev.load_metric(bad)
+    with pytest.raises(ConfigError):
+        ev._parse_taus("a,b")
+    assert ev.plan_rows(1, (-1.0, 0.0), ("target-only", "draft-only", "sdvg", "random")) == [
+        (0, "target-only", None), (0, "draft-only", None), (0, "sdvg", -1.0), (0, "sdvg", 0.0),
+        (0, "random", -1.0), (0, "random", 0.0)]
+
+
+def test_sample_prompt_file_is_valid(repo_root):
+    prompts = ev.read_prompts(repo_root / "bench" / "prompts_sample.txt")
+    assert 8 <= len(prompts) <= 12 and all(len(p) > 30 for p in prompts)
