@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One-shot GPU check (< ~8 minutes on one H200-class GPU):
+#   1. CUDA smoke test of the engine on the tiny models (bench/cuda_smoke.py): reject-all == target-only bit-exact
+#      per cache regime, pipelined == plain, bf16 generation finite;
+#   2. the real-size speed benchmark: random weights at the real 1.3B / 14B / VAE / ImageReward shapes, 832x480,
+#      bf16, 5 blocks (`python -m sdvg bench --profile real-size`).
+# Results go to $OUT (default out/gpu_check): cuda_smoke.json, real_size.json, real_size.png, logs, summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-out/gpu_check}"
+mkdir -p "$OUT"
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)"
+export SDVG_CACHE_DIR="${SDVG_CACHE_DIR:-$OUT/.sdvg-cache}"
+start=$(date +%s)
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/env.txt" 2>&1 || true
+
+timeout 180 "$PY" bench/cuda_smoke.py --out "$OUT/cuda_smoke.json" 2>&1 | tee "$OUT/cuda_smoke.log"
+smoke=${PIPESTATUS[0]}
+
+timeout 330 "$PY" -m sdvg bench --profile real-size --json "$OUT/real_size.json" --plot "$OUT/real_size.png" \
+    2>&1 | tee "$OUT/real_size.log"
+real=${PIPESTATUS[0]}
+
+echo "cuda_smoke rc=$smoke real_size rc=$real elapsed $(( $(date +%s) - start ))s" | tee "$OUT/summary.txt"
+[ "$smoke" -eq 0 ] && [ "$real" -eq 0 ]
