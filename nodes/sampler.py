@@ -259,6 +259,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
         started = time.perf_counter()
         _place(drafter)
         _place(target)
+        gen = None
         try:
             gen = sampler.generate(
                 conditioning.prompt, prompt_embeds=conditioning.embeds, cancel=_host.processing_interrupted, on_step=on_step
@@ -275,6 +276,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 flush_previews(encoder.ready())
             flush_previews(encoder.close())
         finally:
+            if gen is not None:
+                gen.close()  # a Cancel raised between blocks: let the engine release its state (verify thread, caches)
             encoder.close(timeout=1.0)
             _park([drafter, target])
         if result.partial:

@@ -41,6 +41,7 @@ def server(tmp_path_factory):
     make_tiny(root)
     srv = comfy_server.ComfyServer(root).start()
     srv.post("/settings/Comfy.TutorialCompleted", True)
+    srv.post("/settings/Comfy.Minimap.Visible", False)  # keeps the screenshot clear
     yield srv
     srv.stop()
 
@@ -147,6 +148,30 @@ def test_removing_the_node_releases_its_listeners(server, page):
     )
     assert page.evaluate("() => Object.keys(window.__sdvgT.handlers).length") == 0
     assert page.evaluate("() => document.querySelectorAll('.sdvg-tl').length") == 0
+
+
+def test_subgraph_execution_ids_are_resolved(server, page):
+    """A node inside a subgraph is addressed as "<subgraph node id>:<local id>" (one id per instance, nested
+    ids joined); a bare local id from another graph must not match it."""
+    result = page.evaluate(
+        """async () => {
+             const m = await import('/extensions/sdvg/js/sdvg_timeline.js');  // the already loaded module
+             const root = { isRootGraph: true, _nodes: [] };
+             const inner = { rootGraph: root, _nodes: [] };
+             const outer = { rootGraph: root, _nodes: [] };
+             const node = { id: 12, graph: inner };
+             outer._nodes.push({ id: 3, isSubgraphNode: () => true, subgraph: inner });
+             root._nodes.push({ id: 5, isSubgraphNode: () => true, subgraph: inner },
+                              { id: 8, isSubgraphNode: () => true, subgraph: outer }, { id: 12 });
+             return { ids: m.executionIds(node).sort(),
+                      hit: m.matchesNode(node, { node: '8:3:12', display_node: '8:3:12' }),
+                      miss: m.matchesNode(node, { node: '12', display_node: '12' }),
+                      kinds: [m.blockKind({ produced_by: 'drafter' }), m.blockKind({ produced_by: 'target', drafted: true }),
+                              m.blockKind({ produced_by: 'target', drafted: false })] };
+           }"""
+    )
+    assert result == {"ids": ["5:12", "8:3:12"], "hit": True, "miss": False, "kinds": ["accept", "reject", "forced"]}
+    assert page.evaluate("() => window.__sdvgTimeline.version") == 2  # still one registration of the extension
 
 
 def _focus_on_sampler(page) -> None:

@@ -342,8 +342,9 @@ def _write_dit_with_text_dim(models_dir, text_dim: int) -> str:
 def test_mismatched_drafter_and_target_is_a_clear_error(tiny_host, tiny_nodes):
     """Two DiTs that cannot share one text encoder (different text_dim): a ConfigError naming the field, before
     any model runs; the next run with matching models works."""
-    from sdvg.wan_loading import TINY_TEXT_DIM
     from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    from sdvg.wan_loading import TINY_TEXT_DIM
 
     name = _write_dit_with_text_dim(tiny_host.models_dir, TINY_TEXT_DIM * 2)
     try:
@@ -368,3 +369,50 @@ def test_mismatched_drafter_and_target_is_a_clear_error(tiny_host, tiny_nodes):
         (tiny_host.models_dir / "diffusion_models" / name).unlink()
     out, _router = _run_tiny(tiny_nodes, blocks=1)
     assert out.args[0].shape[0] == 9
+
+
+def test_cancel_during_a_pipelined_run_leaves_no_threads(tiny_host, tiny_nodes):
+    import threading
+
+    import comfy.model_management as mm
+
+    before = {t.ident for t in threading.enumerate()}
+    tiny_host.interrupt_after_steps = 10
+    with pytest.raises(mm.InterruptProcessingException):
+        _run_tiny(tiny_nodes, blocks=5, pipelined=True)
+    for t in threading.enumerate():
+        if t.ident not in before:
+            t.join(5)
+    assert not [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+
+
+def test_every_node_and_input_is_documented(nodes):
+    """docs/NODES.md (the reference the README links to) and the help page web/docs/<NodeId>.md name every
+    node, input and output."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    reference = (repo / "docs" / "NODES.md").read_text(encoding="utf-8")
+    missing = []
+    for node_id, cls in nodes.items():
+        info = stub.node_info(cls)
+        page = repo / "web" / "docs" / f"{node_id}.md"
+        help_text = page.read_text(encoding="utf-8") if page.exists() else ""
+        if not help_text.startswith("# "):
+            missing.append(f"{page.name}: missing or without a title")
+        if not re.search(rf"^##+ {node_id}\b", reference, re.M):
+            missing.append(f"NODES.md: no section for {node_id}")
+        names = [n for sec in ("required", "optional") for n in info["input_order"].get(sec, [])]
+        for name in names:
+            if f"`{name}`" not in reference:
+                missing.append(f"NODES.md: {node_id}.{name}")
+            if not re.search(rf"\b{name}\b", help_text):
+                missing.append(f"{page.name}: {name}")
+        for out in info.get("output_name", []):
+            if f"`{out}`" not in reference:
+                missing.append(f"NODES.md: output {node_id}.{out}")
+    for event in ("sdvg.start", "sdvg.block", "sdvg.preview", "sdvg.done"):
+        if event not in reference:
+            missing.append(f"NODES.md: event {event}")
+    assert not missing, "\n".join(missing)
