@@ -707,7 +707,7 @@ def render_plot(report: dict, path: str | Path, *, width: int = 820, height: int
         y = y_min + (y_max - y_min) * i / steps
         d.line([(left - 5, px(0, y)[1]), (left, px(0, y)[1])], fill=(0, 0, 0))
         d.line([(left, px(0, y)[1]), (right, px(0, y)[1])], fill=(230, 230, 230))
-        d.text((left - 45, px(0, y)[1] - 6), f"{y:.2f}×", fill=(0, 0, 0), font=font)
+        d.text((left - 45, px(0, y)[1] - 6), f"{y:.2f}x", fill=(0, 0, 0), font=font)
     d.line([px(0, 1.0), px(1, 1.0)], fill=(150, 150, 150))
     d.text((left + (right - left) / 2 - 60, bottom + 30), "acceptance of drafted blocks", fill=(0, 0, 0), font=font)
     d.text((left, 12), "SDVG bench: speedup over target-only (points) vs cost-model bound (dashed)", fill=(0, 0, 0),

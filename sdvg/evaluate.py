@@ -436,7 +436,7 @@ def render_pareto(summary: Sequence[dict], path: Path, *, width: int = 820, heig
     d.rectangle([left, top, right, bottom], outline=(0, 0, 0))
     d.text((left, 12), "SDVG eval: mean ImageReward of the output vs speedup over target-only (Pareto front: line)",
            fill=(0, 0, 0), font=font)
-    d.text((left + (right - left) / 2 - 70, bottom + 32), "speedup over target-only (×)", fill=(0, 0, 0), font=font)
+    d.text((left + (right - left) / 2 - 70, bottom + 32), "speedup over target-only (x)", fill=(0, 0, 0), font=font)
     if pts:
         xs = [p["speedup"] for p in pts]
         ys = [p["ir_mean"] for p in pts]
@@ -464,7 +464,7 @@ def render_pareto(summary: Sequence[dict], path: Path, *, width: int = 820, heig
             x, y = px(p["speedup"], p["ir_mean"])
             c = colors.get(p["method"], (0, 0, 0))
             d.ellipse([x - 5, y - 5, x + 5, y + 5], fill=c, outline=(0, 0, 0) if p["pareto"] else c)
-            label = p["method"] if not p["tau"] else f"{p['method']} τ={p['tau']}"
+            label = p["method"] if not p["tau"] else f"{p['method']} tau={p['tau']}"
             d.text((x + 7, y - 6), label, fill=(60, 60, 60), font=font)
         ly = top
         for m, c in colors.items():
