@@ -71,6 +71,10 @@ class StepEvent:
 
 @dataclass
 class BlockRecord:
+    """One finished block. ``timings`` are seconds per phase (draft, decode, score, target, cache, output); in
+    pipelined mode decode and score of a draft ran on the worker while the main thread drafted the next block,
+    so the phases can add up to more than the block's wall time (``verify_wait`` is what the main thread waited)."""
+
     block: int
     decision: str
     reason: str
@@ -189,6 +193,11 @@ class SpeculativeSampler:
             raise ConfigError("Routing mode 'reward' needs a reward model (ImageReward); none was given.")
         if cfg.pipelined and mode == "target-only":
             raise ConfigError("Pipelined verification needs a drafter; it does nothing in target-only mode.")
+        if cfg.pipelined and torch.device(getattr(models.vae, "device", "cpu")).type != "cuda":
+            logger.warning(
+                "Pipelined verification overlaps decode+score with drafting well only when the VAE and reward run "
+                "on a CUDA device; on the CPU the two threads share the cores and it is usually slower."
+            )
         if cfg.refine_from_step is not None and cfg.refine_from_step < 1:
             raise ConfigError("refine_from_step must be ≥ 1 (step 0 would be a full regeneration).")
         dits = [m for m in (models.target, models.drafter) if m is not None]
