@@ -46,6 +46,22 @@ def _prepare_load(path: str, device) -> None:
     _host.free_memory_for(os.path.getsize(path), device)
 
 
+def _load_aux(kind: str, folder: str, model_name: str, device: str, dtype, what: str, loader) -> AuxHandle:
+    """Shared body of the text-encoder, VAE and reward loaders: resolve, free memory, load once, cache."""
+    path = _host.full_model_path(folder, model_name)
+    dev = _resolve(device, what)
+    torch_dtype = _aux_dtype(dtype, dev) if dtype is not None else None
+
+    def load():
+        _prepare_load(path, dev)
+        if torch_dtype is None:
+            return loader(path, device=dev)
+        return loader(path, device=dev, dtype=torch_dtype)
+
+    model = _cache.get_or_load(kind, path, str(torch_dtype or "fp32"), str(dev), load)
+    return AuxHandle(model=model, file=model_name, device=dev, kind=kind)
+
+
 class SDVGModelLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -114,16 +130,8 @@ class SDVGTextEncoderLoader(io.ComfyNode):
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
         from ..sdvg.text_encoder import TextEncoder
 
-        path = _host.full_model_path("text_encoders", model_name)
-        dev = _resolve(device, "text encoder")
-        torch_dtype = _aux_dtype(dtype, dev)
-
-        def load():
-            _prepare_load(path, dev)
-            return TextEncoder.load(path, device=dev, dtype=torch_dtype)
-
-        model = _cache.get_or_load("text_encoder", path, str(torch_dtype), str(dev), load)
-        return io.NodeOutput(AuxHandle(model=model, file=model_name, device=dev, kind="text_encoder"))
+        handle = _load_aux("text_encoder", "text_encoders", model_name, device, dtype, "text encoder", TextEncoder.load)
+        return io.NodeOutput(handle)
 
 
 class SDVGVAELoader(io.ComfyNode):
@@ -146,16 +154,7 @@ class SDVGVAELoader(io.ComfyNode):
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
         from ..sdvg.vae import StreamingVAE
 
-        path = _host.full_model_path("vae", model_name)
-        dev = _resolve(device, "VAE")
-        torch_dtype = _aux_dtype(dtype, dev)
-
-        def load():
-            _prepare_load(path, dev)
-            return StreamingVAE.load(path, device=dev, dtype=torch_dtype)
-
-        model = _cache.get_or_load("vae", path, str(torch_dtype), str(dev), load)
-        return io.NodeOutput(AuxHandle(model=model, file=model_name, device=dev, kind="vae"))
+        return io.NodeOutput(_load_aux("vae", "vae", model_name, device, dtype, "VAE", StreamingVAE.load))
 
 
 class SDVGRewardLoader(io.ComfyNode):
@@ -182,12 +181,5 @@ class SDVGRewardLoader(io.ComfyNode):
         from ..sdvg.reward import ImageReward
 
         _host.ensure_image_reward_folder()
-        path = _host.full_model_path(_host.IMAGE_REWARD_FOLDER, model_name)
-        dev = _resolve(device, "reward model")
-
-        def load():
-            _prepare_load(path, dev)
-            return ImageReward.load(path, device=dev)
-
-        model = _cache.get_or_load("reward", path, "fp32", str(dev), load)
-        return io.NodeOutput(AuxHandle(model=model, file=model_name, device=dev, kind="reward"))
+        handle = _load_aux("reward", _host.IMAGE_REWARD_FOLDER, model_name, device, None, "reward model", ImageReward.load)
+        return io.NodeOutput(handle)
