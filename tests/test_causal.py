@@ -19,15 +19,6 @@ SCHED = FlowMatchScheduler()
 STEPS = SCHED.warp([1000, 750, 500, 250])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops: one intra-op thread avoids contention on small shared CI machines."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def model() -> CausalWanTransformer:
     torch.manual_seed(0)

@@ -16,15 +16,6 @@ CFG = dict(
 )
 
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops: one intra-op thread avoids contention on small shared CI machines."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 def _model(seed: int = 0) -> CausalWanTransformer:
     torch.manual_seed(seed)
     m = CausalWanTransformer(**CFG).eval()

@@ -18,14 +18,6 @@ from sdvg.scheduler import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops: one intra-op thread avoids contention on small shared CI machines."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 @pytest.fixture(scope="module")
 def sched() -> FlowMatchScheduler:
     return FlowMatchScheduler()

@@ -26,15 +26,6 @@ from sdvg.vae import (
 H = W = 2  # latent size of most tests: 16x16 pixels keeps the suite fast
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny convs take PyTorch's native (non-oneDNN) path; extra threads only add contention on small CPUs.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _lat(seed: int, f: int = 3, h: int = H, w: int = W) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(1, 16, f, h, w, generator=g)
