@@ -55,7 +55,7 @@ from .errors import ConfigError
 logger = logging.getLogger(__name__)
 
 LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
-CALL_KINDS = ("target", "drafter", "decode", "score", "setup")
+CALL_KINDS = ("target", "drafter", "decode", "score", "encode", "setup")
 PHASES = ("draft", "decode", "score", "target", "cache", "output", "verify_wait")
 BENCH_PROMPT = "a red fox running through fresh snow at sunrise, cinematic"
 SCHEMA = "sdvg-bench/1"
@@ -174,6 +174,7 @@ class Instrument:
                 self._wrap(model, "forward_block", name)
                 self._wrap(model, "prepare_cross_attention", "setup")
         self._wrap(models.vae, "decode_block", "decode", self._post_decode if self.sanitize_frames else None)
+        self._wrap(models.vae, "encode_frame", "encode")  # recompute: the re-encoded first context frame
         if getattr(models, "reward", None) is not None:
             self._wrap(models.reward, "score", "score", self._post_score)
         return self
@@ -388,13 +389,15 @@ def pattern_counts(accept: Sequence[bool], *, steps: Sequence[int], scored: bool
     """Calls a plain (non-pipelined) recompute-regime run needs for an acceptance pattern over drafted blocks
     1..N-1 (block 0 is the target's). The analytic twin of the traced counts: the report cross-checks them.
 
-    Every denoise of a block b ≥ 1 adds one context-refill forward; a rejected block is decoded twice (draft, then
-    the target's block); refine-on-reject from step k runs the target's steps k..n-1 only.
+    Every denoise of a block b ≥ 1 adds one context-refill forward; blocks b ≥ 2 re-encode one pixel frame; a
+    rejected block is decoded twice (draft, then the target's block); refine-on-reject from step k runs the
+    target's steps k..n-1 only.
     """
     n = len(steps)
     if len(accept) != n - 1:
         raise ConfigError(f"The pattern has {len(accept)} entries for {n - 1} drafted blocks.")
-    c = {"target": steps[0], "drafter": 0, "decode": 1, "score": 0}
+    # One re-encoded first context frame per block from block 2 on, shared by both models (SamplerConfig.first_frame).
+    c = {"target": steps[0], "drafter": 0, "decode": 1, "score": 0, "encode": max(0, n - 2)}
     for b in range(1, n):
         c["drafter"] += steps[b] + 1
         c["decode"] += 1

@@ -51,6 +51,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sinks", type=int, default=3, help="noisy regime: pinned sink frames")
     g.add_argument("--schedule", default="constant", help="constant | diagonal | '1000,750,500,250' | JSON list of lists")
     g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
+    g.add_argument("--first-frame", choices=["reencode", "latent"], default="reencode",
+                   help="recompute regime: first context frame = an old pixel frame re-encoded (Krea) or latent 0")
     g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
     r = p.add_argument_group("routing")
     r.add_argument("--mode", choices=list(MODES), default="speculative")
@@ -124,6 +126,7 @@ def sampler_config_from_args(args, tiny: bool):
         pipelined=args.pipelined,
         refine_from_step=args.refine_from_step,
         num_frames=args.frames,
+        first_frame=args.first_frame,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,9 @@ class SamplerConfig:
     pipelined: bool = False
     refine_from_step: int | None = None
     num_frames: int | None = None  # trim the output to this many pixel frames
+    # Recompute regime: the first context frame is the oldest of the last 9 decoded pixel frames re-encoded as a
+    # standalone image (Krea, "image-like" as in training) or simply latent frame 0 ("latent").
+    first_frame: str = "reencode"
     output_dtype: str = "float"  # "float" ([0,1] float32) or "uint8"
 
 
@@ -181,6 +185,8 @@ class SpeculativeSampler:
             raise ConfigError(f"seed must be in [0, 2**63), got {cfg.seed}.")
         if cfg.num_frames is not None and not 1 <= cfg.num_frames <= pixel_frames_for_blocks(cfg.num_blocks):
             raise ConfigError(f"num_frames {cfg.num_frames} does not fit {cfg.num_blocks} blocks.")
+        if cfg.first_frame not in ("reencode", "latent"):
+            raise ConfigError(f"first_frame must be 'reencode' or 'latent', got {cfg.first_frame!r}.")
         if cfg.output_dtype not in ("float", "uint8"):
             raise ConfigError(f"output_dtype must be 'float' or 'uint8', got {cfg.output_dtype!r}.")
         needs_draft = mode != "target-only"
@@ -294,6 +300,8 @@ class _Run:
                 continue
             self.devices[name] = _device_of(model)
             den = BlockDenoiser(model, cfg.cache, name=name)
+            if cfg.cache.regime == CacheRegime.RECOMPUTE and cfg.first_frame == "reencode":
+                den.first_frame_hook = self._context_first_frame
             den.start(
                 embeds.to(self.devices[name]),
                 latent_shape=self.latent_hw,
@@ -309,6 +317,8 @@ class _Run:
         self.next_draft: _Draft | None = None
         self.noise_block: int | None = None
         self.noise: dict = {}
+        self.first_frame_cache: dict[tuple[int, int], torch.Tensor] = {}
+        self.draft_decoded: tuple[int, threading.Event, list] | None = None  # pipelined: (block, ready, [frames])
 
     # ---------------------------------------------------------------- helpers
     def _encode_prompt(self, prompt_embeds):
@@ -353,11 +363,44 @@ class _Run:
             )
         return self.noise[key]
 
-    def _verify(self, draft: _Draft, timings: dict):
+    def _context_first_frame(self, history: BlockHistory) -> torch.Tensor:
+        """Krea's first context frame for the block after ``history``: the oldest of the last 9 decoded pixel
+        frames, VAE-encoded as a standalone image. Computed once per history and shared by both models."""
+        n = len(history)
+        key = (n, history.blocks[-1].token)
+        if key in self.first_frame_cache:
+            return self.first_frame_cache[key]
+        index = pixel_frames_for_blocks(n) - 9  # 9 = 1 + (3 − 1)·4 pixel frames of the last 2 latents + 1
+        if index < self.frames_done:
+            frame = self.frames[index : index + 1]
+        else:  # pipelined: the speculative last block is the draft being decoded on the worker right now
+            block, ready, holder = self.draft_decoded
+            if block != n - 1:
+                raise ConfigError(f"Pixel frame {index} for block {n}'s context is not decoded yet.")
+            ready.wait()
+            if not holder:
+                raise ConfigError("The speculative draft could not be decoded.")
+            offset = index - pixel_frames_for_blocks(n - 1)  # position inside the draft's own frames
+            frame = holder[0][offset : offset + 1]
+        latent = self.vae.encode_frame(frame)
+        if len(self.first_frame_cache) >= 4:  # the committed and the speculative history of two blocks
+            self.first_frame_cache.pop(next(iter(self.first_frame_cache)))
+        self.first_frame_cache[key] = latent
+        return latent
+
+    def _verify(self, draft: _Draft, timings: dict, decoded: tuple | None = None):
         """Snapshot the VAE, decode the draft and score it. Returns (snapshot, frames, scores)."""
         snapshot = self.vae.snapshot()
-        with _Timer.phase("decode", timings, self.aux_device):
-            frames = self.vae.decode_block(draft.result.x0)
+        try:
+            with _Timer.phase("decode", timings, self.aux_device):
+                frames = self.vae.decode_block(draft.result.x0)
+            if decoded is not None:
+                if self.side_stream is not None:
+                    self.side_stream.synchronize()  # the drafter's thread reads these frames on its own stream
+                decoded[2].append(frames)
+        finally:
+            if decoded is not None:
+                decoded[1].set()  # never leave a waiting drafter hanging, even if the decode failed
         scores = None
         if self.router.needs_scores(draft.block):
             with _Timer.phase("score", timings, self.aux_device):
@@ -368,13 +411,13 @@ class _Run:
                     scores = self.s.models.reward.score(frames, self.prompt)
         return snapshot, frames, scores
 
-    def _verify_on_worker(self, draft: _Draft, ready: torch.cuda.Event | None):
+    def _verify_on_worker(self, draft: _Draft, ready: torch.cuda.Event | None, decoded: tuple):
         timings: dict[str, float] = {}
         if self.side_stream is None:
-            return (*self._verify(draft, timings), timings)
+            return (*self._verify(draft, timings, decoded), timings)
         with torch.cuda.stream(self.side_stream):
             self.side_stream.wait_event(ready)
-            return (*self._verify(draft, timings), timings)
+            return (*self._verify(draft, timings, decoded), timings)
 
     def _draftable(self, block: int) -> bool:
         return block < self.s.config.num_blocks and self.router.forced_target(block) is None
@@ -410,7 +453,8 @@ class _Run:
         if self.side_stream is not None:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.devices["drafter"]))
-        future = self.executor.submit(self._verify_on_worker, draft, ready)
+        self.draft_decoded = (draft.block, threading.Event(), [])
+        future = self.executor.submit(self._verify_on_worker, draft, ready, self.draft_decoded)
         speculative = self.history.extended(draft.history_block)
         try:
             result = self._denoise("drafter", draft.block + 1, speculative, timings)

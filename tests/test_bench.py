@@ -48,8 +48,9 @@ def test_cost_table_prediction_bound_and_efficiency_on_synthetic_runs():
 def test_pattern_counts_recompute():
     steps = [4, 4, 4, 4, 4]
     c = bench.pattern_counts([True, False, True, False], steps=steps)
-    # block 0: 4 target forwards; each drafted block: 4 steps + 1 refill; two rejects: 2 × (4 + 1) target forwards
-    assert c == {"target": 4 + 10, "drafter": 4 * 5, "decode": 5 + 2, "score": 4}
+    # block 0: 4 target forwards; each drafted block: 4 steps + 1 refill; two rejects: 2 × (4 + 1) target forwards;
+    # blocks 2..4 each re-encode one pixel frame as their first context frame
+    assert c == {"target": 4 + 10, "drafter": 4 * 5, "decode": 5 + 2, "score": 4, "encode": 3}
     c = bench.pattern_counts([False, False, False, False], steps=steps, refine_from_step=2, scored=False)
     assert c["target"] == 4 + 4 * (2 + 1) and c["score"] == 0
     with pytest.raises(ConfigError):

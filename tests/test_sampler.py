@@ -37,8 +37,8 @@ def test_reject_all_is_bit_identical_to_target_only(tiny_models, regime):
 
 
 def test_accept_all_equals_drafter_conditioned_on_target_block0(tiny_models):
-    spec = run(tiny_models, tau=-math.inf)
-    ref = run(tiny_models, mode="target-only")
+    spec = run(tiny_models, tau=-math.inf, first_frame="latent")
+    ref = run(tiny_models, mode="target-only", first_frame="latent")
     assert [b.produced_by for b in spec.blocks] == ["target", "drafter", "drafter", "drafter"]
     assert torch.equal(spec.latents[:, :, :3], ref.latents[:, :, :3])
     # Independent composition through the low-level API: the drafter continues from the target's block 0.
@@ -154,3 +154,29 @@ def test_bad_settings_are_refused_clearly(tiny_models, kw, match):
 def test_nan_tau_is_refused(tiny_models):
     with pytest.raises(ConfigError):
         SpeculativeSampler(tiny_models, RouterConfig(tau=float("nan")), SamplerConfig(num_blocks=2, width=64, height=64))
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_recompute_context_reencodes_the_oldest_of_the_last_9_pixel_frames(tiny_models, pipelined, monkeypatch):
+    """Krea's recompute: from block 2 on, the first context frame is pixel frame 12·b − 12 re-encoded as an image,
+    computed once per block and shared by the drafter and the target."""
+    vae = tiny_models.vae
+    seen = []
+    original = vae.encode_frame
+
+    def spy(image):
+        seen.append(image.clone())
+        return original(image)
+
+    monkeypatch.setattr(vae, "encode_frame", spy)
+    res = run(tiny_models, mode="random", random_rate=0.5, blocks=6, seed=1, pipelined=pipelined)
+    assert {"accept", "reject"} <= {b.decision for b in res.blocks if b.drafted}
+    for block in range(2, 6):  # once per block although both models refill their caches
+        wanted = res.frames[12 * block - 12 : 12 * block - 11]
+        assert sum(torch.equal(image, wanted) for image in seen) == 1
+    # Pipelining may also encode a frame of a speculative draft that is then rejected (wasted, like the draft).
+    wasted = sum(b.decision == "reject" for b in res.blocks[1:4]) if pipelined else 0
+    assert len(seen) == 4 + wasted
+    latent = run(tiny_models, mode="random", random_rate=0.5, blocks=6, seed=1, first_frame="latent")
+    assert not torch.equal(latent.latents[:, :, 6:], res.latents[:, :, 6:])
+    assert torch.equal(latent.latents[:, :, :6], res.latents[:, :, :6])
