@@ -34,6 +34,16 @@ def block_kind(block: dict) -> str:
     return "reject" if block.get("drafted") else "forced"
 
 
+def _threshold_text(router: dict) -> str:
+    """The threshold setting that is in force for the router's threshold mode."""
+    mode = router.get("threshold")
+    if mode == "relative":
+        return f"δ={router.get('delta')} below block 0's score"
+    if mode == "target-rate":
+        return f"target rate {router.get('target_rate')}"
+    return f"τ={router.get('tau')}"
+
+
 def summarize(report: dict) -> str:
     """A few readable lines: settings, acceptance, speed and one line per block."""
     s, t = report.get("settings", {}), report.get("totals", {})
@@ -41,7 +51,7 @@ def summarize(report: dict) -> str:
     lines = [
         f"SDVG {'(partial) ' if report.get('partial') else ''}— {t.get('blocks', 0)}/{s.get('num_blocks', '?')} blocks, "
         f"{s.get('width')}×{s.get('height')}, seed {s.get('seed')}, cache {s.get('cache')}",
-        f"router: {router.get('mode')} τ={router.get('tau')} {router.get('aggregation')} "
+        f"router: {router.get('mode')} {_threshold_text(router)} {router.get('aggregation')} "
         f"({router.get('threshold')} threshold)",
     ]
     acc = t.get("acceptance")
