@@ -945,7 +945,7 @@ def add_parser(subparsers) -> None:
 
 def cmd_bench(args) -> int:
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr)  # noqa: T201 - CLI output
+        sys.stderr.write(msg + "\n")  # CLI output of the command
 
     real = args.profile == "real-size"
     s = BenchSettings(
@@ -976,7 +976,7 @@ def _set_threads(n: int | None, default: int | None) -> int:
 
 
 def _emit(report: dict, args, log) -> None:
-    print(format_table(report))  # noqa: T201 - CLI output
+    sys.stdout.write(format_table(report) + "\n")  # CLI output of the command
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -1023,9 +1023,9 @@ def _cmd_real_size(args, s: BenchSettings, log) -> int:
         device = torch.device("meta")
         models = build_real_size_models(device, spec)
         plan = memory_plan(models, s)
-        print(format_plan(plan))  # noqa: T201 - CLI output
+        sys.stdout.write(format_plan(plan) + "\n")  # CLI output of the command
         variants = _select(default_variants("real-size", s.levels), s.only)
-        print(f"rows ({len(variants)}): " + ", ".join(v.name for v in variants))  # noqa: T201 - CLI output
+        sys.stdout.write(f"rows ({len(variants)}): " + ", ".join(v.name for v in variants) + "\n")  # CLI output of the command
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps({"schema": SCHEMA, "dry_run": True, "settings": asdict(s),

@@ -529,7 +529,7 @@ def cmd_eval(args) -> int:
     from .tiny import TINY_HEIGHT, TINY_WIDTH
 
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr)  # noqa: T201 - CLI output
+        sys.stderr.write(msg + "\n")  # CLI output of the command
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     bad = [m for m in methods if m not in ("target-only", "draft-only", "sdvg", "random")]
@@ -553,7 +553,7 @@ def cmd_eval(args) -> int:
         f"{config.num_blocks} blocks at {config.width}x{config.height}, {torch.get_num_threads()} thread(s)")
     res = evaluate(models, prompts, args.out, taus=taus, methods=methods, sampler_config=config, metrics=metrics,
                    max_rows=args.max_rows, save_videos=not args.no_videos, log=log)
-    print(format_summary(res["summary"]))  # noqa: T201 - CLI output
+    sys.stdout.write(format_summary(res["summary"]) + "\n")  # CLI output of the command
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
     return 0
