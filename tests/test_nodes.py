@@ -13,15 +13,24 @@ from tests.host import pack, stub
 from tests.host.schema_checks import node_problems
 
 
-@pytest.fixture()
-def host(tmp_path):
-    h = stub.install(tmp_path / "models")
+def _stub_host_with_pack(models, *, image_reward_folder=None):
+    """Install the stub host over ``models``, load the pack, and undo both afterwards."""
+    h = stub.install(models)
+    if image_reward_folder is not None:
+        import folder_paths
+
+        folder_paths.folder_names_and_paths["image_reward"] = ([str(image_reward_folder)], set())
     try:
         pack.load_pack()
         yield h
     finally:
         pack.unload_pack()
         stub.uninstall()
+
+
+@pytest.fixture()
+def host(tmp_path):
+    yield from _stub_host_with_pack(tmp_path / "models")
 
 
 @pytest.fixture()
@@ -166,29 +175,19 @@ def test_preview_encoder_drops_instead_of_blocking():
 
 # ------------------------------------------------------------------------------------------- engine-backed
 @pytest.fixture(scope="module")
-def tiny_root(tmp_path_factory):
-    """The ``python -m sdvg make-tiny`` tree (the real file formats, random weights)."""
-    from sdvg.tiny import make_tiny
+def tiny_root(tiny_dir, tmp_path_factory):
+    """A private copy of the session's make-tiny tree (some tests add files to it)."""
+    import shutil
 
-    root = tmp_path_factory.mktemp("tiny-models")
-    make_tiny(root)
+    root = tmp_path_factory.mktemp("tiny-models") / "models"
+    shutil.copytree(tiny_dir, root)
     return root
 
 
 @pytest.fixture()
 def tiny_host(tiny_root):
     """Stub host whose model folders are a tiny models tree."""
-    models = tiny_root
-    h = stub.install(models)
-    import folder_paths
-
-    folder_paths.folder_names_and_paths["image_reward"] = ([str(models / "image_reward")], set())
-    try:
-        pack.load_pack()
-        yield h
-    finally:
-        pack.unload_pack()
-        stub.uninstall()
+    yield from _stub_host_with_pack(tiny_root, image_reward_folder=tiny_root / "image_reward")
 
 
 @pytest.fixture()
