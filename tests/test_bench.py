@@ -15,34 +15,55 @@ from sdvg.errors import ConfigError
 from sdvg.router import Router, RouterConfig
 
 
-def measure(counts: dict[str, int], secs: dict[str, float], wall: float) -> bench.RunMeasure:
-    full_counts = {k: counts.get(k, 0) for k in bench.CALL_KINDS}
-    full_secs = {k: secs.get(k, 0.0) for k in bench.CALL_KINDS}
-    return bench.RunMeasure(wall=wall, busy=sum(full_secs.values()), in_calls=sum(full_secs.values()),
-                            counts=full_counts, call_seconds=full_secs, phases={}, per_block=[], decisions=[],
-                            produced_by=[])
+def measure(calls: list[tuple[str, tuple, float]], wall: float, segments: list[float] | None = None) -> bench.RunMeasure:
+    counts = {k: sum(1 for c in calls if c[0] == k) for k in bench.CALL_KINDS}
+    secs = {k: sum(c[2] for c in calls if c[0] == k) for k in bench.CALL_KINDS}
+    return bench.RunMeasure(wall=wall, busy=sum(secs.values()), in_calls=sum(secs.values()), counts=counts,
+                            call_seconds=secs, phases={}, per_block=[], decisions=[], produced_by=[],
+                            segments=segments or [], calls=calls)
 
 
-def test_cost_table_prediction_bound_and_efficiency_on_synthetic_runs():
-    # target forward 10 ms, drafter 1 ms, decode 5 ms, score 2 ms, exactly
-    costs = {"target": 0.010, "drafter": 0.001, "decode": 0.005, "score": 0.002}
-    target_only = {"target": 20, "decode": 4}  # 4 blocks: 4 + 3 × (4 steps + refill) forwards… simplified
-    accept_all = {"target": 4, "drafter": 15, "decode": 4, "score": 3}
-    runs = [measure(c, {k: n * costs[k] for k, n in c.items()}, wall=0.0) for c in (target_only, accept_all)]
-    table = bench.cost_table(runs)
-    for k, v in costs.items():
-        assert table[k] == pytest.approx(v)
-    assert table["setup"] is None
-    p_to = bench.predicted_seconds(target_only, table)
-    p_acc = bench.predicted_seconds(accept_all, table)
-    assert p_to == pytest.approx(20 * 0.010 + 4 * 0.005)
-    assert p_acc == pytest.approx(4 * 0.010 + 15 * 0.001 + 4 * 0.005 + 3 * 0.002)
+def test_cost_model_prices_calls_by_signature_with_medians():
+    # target forwards: block 0 (offset 0) 6 ms, later blocks (offset 3) 10 ms; drafter 1 ms; decode 5 ms; score 2 ms
+    def tgt(offset, sec):
+        return ("target", (offset, 3, True), sec)
+
+    target_only = [tgt(0, 0.006)] * 4 + [tgt(3, 0.010)] * 5 + [("decode", (True, 3), 0.005), ("decode", (False, 3), 0.005)]
+    accept_all = [tgt(0, 0.006)] * 4 + [("drafter", (3, 3, True), 0.001)] * 5 + \
+        [("decode", (True, 3), 0.005), ("decode", (False, 3), 0.005), ("score", (12,), 0.002)]
+    # one burst: a target forward at offset 3 that took 10× longer does not move the median
+    noisy = [tgt(3, 0.100)] + [tgt(3, 0.010)] * 4
+    table = bench.CostModel.from_runs([measure(c, 0.0) for c in (target_only, accept_all, noisy)])
+    assert table.cost("target", (0, 3, True)) == pytest.approx(0.006)
+    assert table.cost("target", (3, 3, True)) == pytest.approx(0.010)
+    assert table.by_kind["setup"] is None and table.calls_seen[("target", (0, 3, True))] == 8
+    p_to, p_acc = table.predict(target_only), table.predict(accept_all)
+    assert p_to == pytest.approx(4 * 0.006 + 5 * 0.010 + 2 * 0.005)
+    # priced by signature: accept-all's target calls are the cheap block-0 ones, not the mean of all target calls
+    assert p_acc == pytest.approx(4 * 0.006 + 5 * 0.001 + 2 * 0.005 + 0.002)
+    # an unseen signature falls back to the kind's median; an unseen kind is an error
+    assert table.cost("target", (9, 3, False)) == pytest.approx(0.010)
+    with pytest.raises(ConfigError):
+        table.cost("setup")
     bound = p_to / p_acc
     # a run with 10 % overhead on top of its model time, against a baseline with none
     speedup = (p_to / 1.0) / (p_acc / 0.9)
     assert speedup / bound == pytest.approx(0.9)
-    with pytest.raises(ConfigError):
-        bench.predicted_seconds({"score": 1}, {"score": None})
+    # the fallback table prices what this one never saw, and its JSON lists only its own calls
+    other = bench.CostModel.from_runs([measure([("setup", (), 0.004)], 0.0)])
+    merged = table.with_fallback(other)
+    assert merged.cost("setup") == pytest.approx(0.004) and merged.cost("score", (12,)) == pytest.approx(0.002)
+    assert {e["kind"] for e in merged.as_json()} == {"target", "drafter", "decode", "score"}
+
+
+def test_segment_min_wall_takes_each_segment_from_its_fastest_pass():
+    # three passes of a 4-segment run; a burst hits a different segment in each pass
+    runs = [measure([], wall=sum(seg), segments=seg) for seg in
+            ([0.5, 0.2, 0.2, 0.01], [0.3, 0.4, 0.2, 0.01], [0.3, 0.2, 0.6, 0.01])]
+    assert bench.segment_min_wall(runs) == pytest.approx(0.3 + 0.2 + 0.2 + 0.01)
+    assert bench.segment_min_wall(runs) <= min(r.wall for r in runs)
+    runs[1].segments = runs[1].segments[:2]  # an unfinished run: fall back to the fastest whole run
+    assert bench.segment_min_wall(runs) == pytest.approx(min(r.wall for r in runs))
 
 
 def test_pattern_counts_recompute():
@@ -118,6 +139,11 @@ def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_
     for r in report["rows"]:
         assert fields <= set(r), r["name"]
         assert r["wall_s"] > 0 and r["bound"] > 0 and 0 <= r["overhead"] < 1
+        # the block segments partition each run's wall time exactly
+        for wall, segments in zip(r["wall_all_s"], r["segments_all_s"], strict=True):
+            assert len(segments) == 3 + 1 and sum(segments) == pytest.approx(wall, rel=1e-9)
+        assert r["wall_s"] <= r["wall_min_s"] + 1e-12
+        assert r["efficiency_median_wall"] > 0 and r["efficiency_min_wall"] > 0
         assert set(bench.PHASES) <= set(r["phase_s"])
         assert r["peak_rss_bytes"] > 0 and r["vae_cache_bytes"] > 0
         if r["level"] is not None:
@@ -125,6 +151,9 @@ def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_
             assert r["acceptance"] == pytest.approx(r["level"])
         if r["calls_match_model"] is not None:
             assert r["calls_match_model"], r["name"]
+    assert sorted(report["passes"][0]) == sorted(names)  # one pass ran every row once
+    recompute = {(e["kind"], tuple(e["signature"])) for e in report["cost_model"]["per_signature_s"]["recompute"]}
+    assert ("target", (0, 3, True)) in recompute and ("target", (3, 3, True)) in recompute
     base = report["rows"][0]
     assert base["speedup"] == pytest.approx(1.0) and base["bound"] == pytest.approx(1.0)
     assert set(base["kv_cache_bytes"]) == {"target"}
@@ -174,3 +203,35 @@ def test_real_size_model_builder_runs_the_bench_at_tiny_shapes():
     assert report["rows"][1]["acceptance"] == 1.0 and report["rows"][1]["calls"]["score"] == 1
     plan = bench.memory_plan(models, s)
     assert plan["kv_cache_bytes"]["target"]["recompute"] > 0
+
+
+def test_estimator_spread_script_on_a_synthetic_bursty_report(tmp_path, capsys):
+    """bench/estimator_spread.py: with one burst per pass in a different segment, the segment minimum recovers the
+    undisturbed walls exactly (efficiency 1 in every draw) while whole-run estimators cannot."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "estimator_spread.py"
+    spec = importlib.util.spec_from_file_location("estimator_spread", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(name, group, segs, burst):
+        runs = []
+        for k in range(6):
+            s = list(segs)
+            s[k % len(s)] += burst * (1 + k % 3)  # a burst lands on a different segment in every pass
+            runs.append(s)
+        return {"name": name, "group": group, "router": "target-only" if group == "baseline" else "random",
+                "regime": "recompute", "schedule": "constant", "bound": sum([0.4] * 4) / sum(segs),
+                "wall_all_s": [sum(s) for s in runs], "segments_all_s": runs}
+
+    report = {"rows": [row("target-only", "baseline", [0.4] * 4, 0.3), row("random @100%", "random", [0.1] * 4, 0.3),
+                       row("random @0%", "random", [0.6] * 4, 0.05)]}
+    out = mod.spread(report, size=4, draws=50)
+    assert out["segment-min"]["mean"] == pytest.approx(1.0) and out["segment-min"]["sd"] == pytest.approx(0.0, abs=1e-12)
+    assert out["segment-min"]["p_min_ge_095"] == 1.0
+    assert out["median"]["sd"] > 0.01 and out["fastest"]["sd"] > 0.01
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    assert mod.main([str(tmp_path / "r.json"), "--draws", "20"]) == 0
+    assert "segment-min" in capsys.readouterr().out
