@@ -39,7 +39,6 @@ run while the decision is forced.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -213,16 +212,6 @@ class Instrument:
         accept = self.score_pattern[i] if i < len(self.score_pattern) else False
         return torch.full_like(scores, 1.0 if accept else -1.0)
 
-    def begin(self, score_pattern: list[bool] | None = None) -> None:
-        self.events = []
-        self.score_pattern = score_pattern
-        self.score_calls = 0
-
-    def end(self) -> list[tuple[str, float, float, tuple]]:
-        events, self.events = self.events, []
-        self.score_pattern = None
-        return events
-
 
 def _forward_signature(x, t, self_kv, cross, *, frame_offset: int = 0, write: bool = True, **_) -> tuple:
     """What a DiT forward's cost depends on besides the model: where the block sits (its attended context grows with
@@ -296,7 +285,7 @@ class BenchSettings:
     width: int = 64
     height: int = 64
     seed: int = 0
-    repeats: int = 7
+    repeats: int = 5
     warmup: int = 1
     threads: int | None = None
     levels: tuple[float, ...] = LEVELS
@@ -304,6 +293,9 @@ class BenchSettings:
     sinks: int = 3
     prompt: str = BENCH_PROMPT
     only: tuple[str, ...] = ()  # variant groups or names to run (empty: all)
+    # Rows per interleaved group, each group with its own target-only run (0: every run on its own, one after
+    # another). See run_bench.
+    interleave: int = 2
 
 
 @dataclass
@@ -346,44 +338,92 @@ def _configs(v: Variant, s: BenchSettings, pattern_seed: int):
     return router, config
 
 
+class LiveRun:
+    """One sampler run advanced one block at a time, so that several runs can be interleaved block by block.
+
+    Each :meth:`step` is one ``next()`` of :meth:`SpeculativeSampler.generate`: the first one holds the per-video
+    setup and block 0, the last one the tail after the final block; their durations are the run's *segments*, and
+    their sum its wall time. Runs share the models: the streaming VAE's decoder state is swapped in and out around
+    each step (``snapshot``/``restore`` hold references, no copies) and the tracer's per-run state with it. The
+    DiT caches belong to each run's own denoisers already.
+    """
+
+    def __init__(self, models, v: Variant, s: BenchSettings, embeds: torch.Tensor,
+                 pattern: tuple[int, list[bool]] | None):
+        from .sampler import SpeculativeSampler
+
+        seed, accept = pattern if pattern is not None else (0, None)
+        router, config = _configs(v, s, seed)
+        self.variant = v
+        self.vae = models.vae
+        self._gen = SpeculativeSampler(models, router, config).generate(s.prompt, prompt_embeds=embeds)
+        self._score_pattern = accept if v.router == "scored" else None
+        self._score_calls = 0
+        self._vae_state = None
+        self.events: list[tuple[str, float, float, tuple]] = []
+        self.segments: list[float] = []
+        self.stamps: list[float] = []  # when each step ended (perf_counter)
+        self.result = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    def step(self, instr: Instrument) -> None:
+        if self._vae_state is not None:
+            self.vae.restore(self._vae_state)
+        instr.events, instr.score_pattern, instr.score_calls = self.events, self._score_pattern, self._score_calls
+        start = time.perf_counter()
+        try:
+            next(self._gen)
+        except StopIteration as stop:
+            self.result = stop.value
+        finally:
+            end = time.perf_counter()
+            self.segments.append(end - start)
+            self.stamps.append(end)
+            self._score_calls = instr.score_calls
+            self._vae_state = self.vae.snapshot()
+            instr.events, instr.score_pattern = [], None
+
+    def measure(self) -> RunMeasure:
+        result, events = self.result, self.events
+        counts = {k: 0 for k in CALL_KINDS}
+        secs = {k: 0.0 for k in CALL_KINDS}
+        durations: dict[str, list[float]] = {k: [] for k in CALL_KINDS}
+        for kind, a, b, _sig in events:
+            counts[kind] += 1
+            secs[kind] += b - a
+            durations[kind].append(b - a)
+        phases = {p: 0.0 for p in PHASES}
+        per_block = []
+        for r in result.blocks:
+            per_block.append(sum(val for k, val in r.timings.items() if k != "verify_wait"))
+            for k, val in r.timings.items():
+                phases[k] = phases.get(k, 0.0) + val
+        return RunMeasure(
+            wall=sum(self.segments), busy=busy_seconds([(a, b) for _, a, b, _ in events]), in_calls=sum(secs.values()),
+            counts=counts, call_seconds=secs, phases=phases, per_block=per_block,
+            decisions=[r.decision for r in result.blocks], produced_by=[r.produced_by for r in result.blocks],
+            durations=durations, segments=list(self.segments),
+            calls=[(kind, sig, b - a) for kind, a, b, sig in sorted(events, key=lambda e: e[1])],
+        )
+
+
+def run_interleaved(runs: Sequence[LiveRun], instr: Instrument) -> None:
+    """Advance ``runs`` in rounds, one block of each per round in the given order, until all have finished."""
+    while not all(r.finished for r in runs):
+        for r in runs:
+            if not r.finished:
+                r.step(instr)
+
+
 def run_once(models, v: Variant, s: BenchSettings, instr: Instrument, embeds: torch.Tensor,
              pattern: tuple[int, list[bool]] | None) -> tuple[RunMeasure, Any]:
-    from .sampler import SpeculativeSampler
-
-    seed, accept = pattern if pattern is not None else (0, None)
-    router, config = _configs(v, s, seed)
-    sampler = SpeculativeSampler(models, router, config)
-    instr.begin(accept if v.router == "scored" else None)
-    stamps: list[float] = []
-    start = time.perf_counter()
-    try:
-        result = sampler.run(s.prompt, prompt_embeds=embeds, on_block=lambda _event: stamps.append(time.perf_counter()))
-    finally:
-        end = time.perf_counter()
-        events = instr.end()
-    wall = end - start
-    edges = [start, *stamps, end]
-    counts = {k: 0 for k in CALL_KINDS}
-    secs = {k: 0.0 for k in CALL_KINDS}
-    durations: dict[str, list[float]] = {k: [] for k in CALL_KINDS}
-    for kind, a, b, _sig in events:
-        counts[kind] += 1
-        secs[kind] += b - a
-        durations[kind].append(b - a)
-    phases = {p: 0.0 for p in PHASES}
-    per_block = []
-    for r in result.blocks:
-        per_block.append(sum(val for k, val in r.timings.items() if k != "verify_wait"))
-        for k, val in r.timings.items():
-            phases[k] = phases.get(k, 0.0) + val
-    m = RunMeasure(
-        wall=wall, busy=busy_seconds([(a, b) for _, a, b, _ in events]), in_calls=sum(secs.values()), counts=counts,
-        call_seconds=secs, phases=phases, per_block=per_block,
-        decisions=[r.decision for r in result.blocks], produced_by=[r.produced_by for r in result.blocks],
-        durations=durations, segments=[b - a for a, b in itertools.pairwise(edges)],
-        calls=[(kind, sig, b - a) for kind, a, b, sig in sorted(events, key=lambda e: e[1])],
-    )
-    return m, result
+    """One run on its own, start to finish."""
+    live = LiveRun(models, v, s, embeds, pattern)
+    run_interleaved([live], instr)
+    return live.measure(), live.result
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -520,13 +560,27 @@ def _select(variants: list[Variant], only: Sequence[str]) -> list[Variant]:
 def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.Tensor,
               variants: list[Variant] | None = None, log: Callable[[str], None] | None = None,
               sanitize_frames: bool = False, extra: dict | None = None) -> dict:
-    """Run every variant in one process and return the JSON-able report."""
+    """Run every variant in one process and return the JSON-able report.
+
+    Warm-up passes run every row on its own; they also give each row's peak memory, measured without other runs
+    alive. Timed passes (``repeats``) run every row once, in a seeded random order per pass, so slow drifts of a
+    shared machine hit all rows alike and a disturbance that recurs with the pass's rhythm does not land on the
+    same neighbours every time. With ``interleave = k > 0`` a pass cuts the rows into groups of k, and each group
+    runs *together with its own target-only run*, one block of each in turn (:class:`LiveRun`): a row's blocks and
+    its baseline's blocks run within about a second of each other, so the machine's bursts hit both, and the
+    row's paired speedup for that pass is baseline wall / row wall inside the group. ``interleave = 0`` runs every
+    run on its own (what the real-size profile does: concurrent KV caches of a 14B model do not fit twice).
+    """
     variants = _select(variants if variants is not None else default_variants(s.profile, s.levels), s.only)
-    if not any(v.router == "target-only" and v.baseline_key == "recompute/constant" for v in variants):
-        variants.insert(0, Variant("target-only", "target-only", group="baseline"))
+    base = next((v for v in variants if v.router == "target-only" and v.baseline_key == "recompute/constant"), None)
+    if base is None:
+        base = Variant("target-only", "target-only", group="baseline")
+        variants.insert(0, base)
     n_drafted = s.blocks - 1
     if n_drafted < 1:
         raise ConfigError("The bench needs at least 2 blocks (block 0 is always the target's).")
+    if s.interleave < 0:
+        raise ConfigError("interleave must be ≥ 0 (0: no interleaving).")
     patterns: dict[float, tuple[int, list[bool]]] = {}
     for v in variants:
         if v.level is not None and v.level not in patterns:
@@ -534,39 +588,70 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
     instr = Instrument(device, sanitize_frames=sanitize_frames).install(models)
     latent_hw = (s.height // 8, s.width // 8)
     measured: dict[str, list[RunMeasure]] = {v.name: [] for v in variants}
-    peaks: dict[str, list[int | None]] = {v.name: [] for v in variants}
+    paired: dict[str, list[float]] = {v.name: [] for v in variants}
+    peaks: dict[str, tuple[int, int | None]] = {}
+    group_peaks: dict[str, int] = {}
     last: dict[str, Any] = {}
-    passes: list[list[str]] = []
+    passes: list[list[list[str]]] = []
+
+    def live(v: Variant) -> LiveRun:
+        return LiveRun(models, v, s, embeds, patterns.get(v.level))
+
+    def alone(v: Variant) -> tuple[RunMeasure, Any]:
+        reset_peak_rss()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        m, result = run_once(models, v, s, instr, embeds, patterns.get(v.level))
+        peaks[v.name] = max(peaks.get(v.name, (0, None)), (peak_rss_bytes(), (
+            torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)), key=lambda p: p[0])
+        return m, result
+
     try:
-        # Round-robin: every row's k-th run happens in the same pass, so slow drifts of a shared machine (other
-        # processes, thermal state) hit all rows alike; each pass runs the rows in its own seeded random order, so
-        # a disturbance that recurs with the pass's rhythm does not land on the same neighbouring rows every time.
         for _ in range(s.warmup):
             for v in variants:
-                run_once(models, v, s, instr, embeds, patterns.get(v.level))
+                alone(v)
         for rep in range(max(1, s.repeats)):
             order = list(variants)
             random.Random(s.seed * 7919 + rep).shuffle(order)
-            passes.append([v.name for v in order])
-            for v in order:
-                reset_peak_rss()
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                m, last[v.name] = run_once(models, v, s, instr, embeds, patterns.get(v.level))
-                measured[v.name].append(m)
-                peaks[v.name].append(peak_rss_bytes())
-                peaks[v.name + "/cuda"] = peaks.get(v.name + "/cuda", []) + (
-                    [torch.cuda.max_memory_allocated(device)] if device.type == "cuda" else [])
-                if log:
-                    log(f"  [{rep + 1}/{s.repeats}] {v.name:26s} wall {m.wall:.3f}s")
+            if s.interleave:
+                others = [v for v in order if v is not base]
+                groups = [[base, *others[i:i + s.interleave]] for i in range(0, len(others), s.interleave)]
+                for g in groups:  # the baseline's place within the round varies too
+                    random.Random(f"{s.seed}/{rep}/{g[1].name}").shuffle(g)
+            else:
+                groups = [[v] for v in order]
+            passes.append([[v.name for v in g] for g in groups])
+            for g in groups:
+                if s.interleave:
+                    runs = [live(v) for v in g]
+                    reset_peak_rss()
+                    run_interleaved(runs, instr)
+                    got = {r.variant.name: (r.measure(), r.result) for r in runs}
+                    for v in g:  # without a warm-up, a row's peak is its group's (an upper bound)
+                        group_peaks[v.name] = max(group_peaks.get(v.name, 0), peak_rss_bytes())
+                else:
+                    got = {g[0].name: alone(g[0])}
+                for name, (m, result) in got.items():
+                    measured[name].append(m)
+                    last[name] = result
+                    if log:
+                        log(f"  [{rep + 1}/{s.repeats}] {name:26s} wall {m.wall:.3f}s")
+                if s.interleave:
+                    base_wall = got[base.name][0].wall
+                    for name, (m, _) in got.items():
+                        if name != base.name:
+                            paired[name].append(base_wall / m.wall)
     finally:
         instr.uninstall()
     rows: list[dict] = []
     for v in variants:
         row = _row_basics(v, measured[v.name], patterns.get(v.level), models, s, latent_hw, last[v.name])
-        row["peak_rss_bytes"] = max(p for p in peaks[v.name] if p is not None)
-        cuda = peaks.get(v.name + "/cuda") or []
-        row["cuda_peak_bytes"] = max(cuda) if cuda else None
+        if v.name in peaks:
+            (row["peak_rss_bytes"], row["cuda_peak_bytes"]), row["peak_measured"] = peaks[v.name], "alone"
+        else:
+            row["peak_rss_bytes"], row["cuda_peak_bytes"] = group_peaks.get(v.name), None
+            row["peak_measured"] = "with its interleaved group"
+        row["paired_speedups"] = paired[v.name] if v is not base and s.interleave else None
         rows.append(row)
     return _finish_report(rows, variants, measured, s, device, {"passes": passes, **(extra or {})})
 
@@ -634,10 +719,18 @@ def _finish_report(rows, variants, measured, s: BenchSettings, device, extra) ->
         pred = tables[row["regime"]].predict(runs[0].calls)
         row["predicted_s"] = pred
         row["bound"] = base_pred / pred if pred > 0 else None
-        for suffix, key in (("", "wall_s"), ("_median_wall", "wall_median_s"), ("_min_wall", "wall_min_s")):
+        for suffix, key in (("_segment", "wall_s"), ("_median_wall", "wall_median_s"), ("_min_wall", "wall_min_s")):
             speedup = base[key] / row[key] if row[key] else None
             row["speedup" + suffix] = speedup
             row["efficiency" + suffix] = speedup / row["bound"] if speedup and row["bound"] else None
+        # the primary speedup: paired with the baseline run interleaved beside it when there is one
+        if row["paired_speedups"]:
+            row["speedup"], row["speedup_estimator"] = _median(row["paired_speedups"]), "paired (median over passes)"
+        elif row is base:
+            row["speedup"], row["speedup_estimator"] = 1.0, "baseline"
+        else:
+            row["speedup"], row["speedup_estimator"] = row["speedup_segment"], "segment minimum"
+        row["efficiency"] = row["speedup"] / row["bound"] if row["speedup"] and row["bound"] else None
         row["model_time_share"] = pred / row["wall_s"] if row["wall_s"] else None
         # > 1: this row's calls ran slower than the same calls elsewhere in the run (interference or machine noise);
         # efficiency ≈ (1 − overhead) / call_slowdown when the baseline has neither
@@ -653,8 +746,10 @@ def _finish_report(rows, variants, measured, s: BenchSettings, device, extra) ->
             "definition": "cost(call) = median seconds of that call (kind + signature), pooled over the timed runs "
                           "of the same cache regime in this bench run; predicted = Σ cost over the row's calls; "
                           "bound = predicted(target-only) / predicted(row); wall = Σ over block segments of the "
-                          "fastest pass; speedup = wall(target-only) / wall(row); efficiency = speedup / bound "
-                          "(efficiency_median_wall / _min_wall: the same with median / fastest whole-run walls); "
+                          "fastest pass; speedup = median over passes of wall(target-only) / wall(row) of the runs "
+                          "interleaved block by block in one group (without interleaving: ratio of the walls); "
+                          "efficiency = speedup / bound (efficiency_segment / _median_wall / _min_wall: with the "
+                          "ratio of segment-minimum / median / fastest whole-run walls); "
                           "call_slowdown = predicted with the row's own medians / predicted; "
                           "overhead = 1 − |union of traced call intervals| / wall",
             "per_call_s": {reg: t.by_kind for reg, t in tables.items()}, "pooled_per_call_s": pooled.by_kind,
@@ -684,7 +779,7 @@ def evaluate_goals(report: dict) -> dict:
     sweep = [r for r in rows if r["group"] in ("random", "scored")]
     eff = [r["efficiency"] for r in sweep if r["efficiency"] is not None]
     cross = {key: [r[key] for r in sweep if r.get(key) is not None]
-             for key in ("efficiency_median_wall", "efficiency_min_wall")}
+             for key in ("efficiency_segment", "efficiency_median_wall", "efficiency_min_wall")}
     ovh = [r["overhead"] for r in rows if r["overhead"] is not None]
     flat = {}
     for r in rows:
@@ -731,14 +826,14 @@ def _f(x, spec: str, width: int) -> str:
 
 
 def format_table(report: dict) -> str:
-    head = (f"{'variant':26s} {'acc':>5s} {'wall s':>7s} {'speedup':>7s} {'bound':>6s} {'eff':>5s} {'eff~':>5s} {'ovh':>5s} "
+    head = (f"{'variant':26s} {'acc':>5s} {'wall s':>7s} {'speedup':>7s} {'bound':>6s} {'eff':>5s} {'eff/s':>5s} {'ovh':>5s} "
             f"{'slow':>5s} {'draft':>6s} {'decode':>6s} {'score':>6s} {'target':>6s} {'cache':>6s} {'wait':>6s} {'rss MB':>7s}")
     lines = [head, "-" * len(head)]
     for r in report["rows"]:
         ph = r["phase_s"]
         lines.append(
             f"{r['name']:26s} {_fmt_pct(r['acceptance']):>5s} {_f(r['wall_s'], '.3f', 7)} {_f(r['speedup'], '.2f', 6)}× "
-            f"{_f(r['bound'], '.2f', 5)}× {_f(r['efficiency'], '.2f', 5)} {_f(r.get('efficiency_median_wall'), '.2f', 5)} "
+            f"{_f(r['bound'], '.2f', 5)}× {_f(r['efficiency'], '.2f', 5)} {_f(r.get('efficiency_segment'), '.2f', 5)} "
             f"{_f((r['overhead'] or 0) * 100, '.1f', 4)}% "
             f"{_f(r.get('call_slowdown'), '.2f', 5)} "
             f"{_f(ph.get('draft'), '.3f', 6)} {_f(ph.get('decode'), '.3f', 6)} {_f(ph.get('score'), '.3f', 6)} "
@@ -749,14 +844,17 @@ def format_table(report: dict) -> str:
     rec = cm["per_call_s"].get("recompute", cm["pooled_per_call_s"])
     ms = ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in rec.items() if v is not None)
     lines.append("")
-    lines.append("wall: Σ over block segments of the fastest of the passes; eff~: efficiency from median whole-run walls")
+    est = next((r.get("speedup_estimator") for r in report["rows"] if r.get("paired_speedups")), "segment minimum")
+    lines.append(f"speedup: {est}; wall s: Σ over block segments of the fastest pass; "
+                 "eff/s: efficiency from the ratio of those walls")
     lines.append(f"per-call median (recompute): {ms}")
     ratio = cm["target_over_drafter_forward"]
     lines.append(f"target/drafter forward cost ratio: {ratio:.1f}×" if ratio else "target/drafter ratio: n/a")
     g = report["goals"]
     lines.append(
         f"goals: efficiency min {_f(g['efficiency_min'], '.3f', 0)} (≥ {GOAL_EFFICIENCY}: {g['efficiency_ok']}; "
-        f"eff~ min {_f(g.get('efficiency_median_wall_min'), '.3f', 0)}); "
+        f"eff/s min {_f(g.get('efficiency_segment_min'), '.3f', 0)}, from median walls "
+        f"{_f(g.get('efficiency_median_wall_min'), '.3f', 0)}); "
         f"overhead max {_f((g['overhead_max'] or 0) * 100, '.2f', 0)}% (≤ {GOAL_OVERHEAD * 100:.0f}%: {g['overhead_ok']}); "
         f"flat per-block {g['flat_ok']}; pipelined faster at ≥75%: {g['pipelined_ok']}"
     )
@@ -1010,7 +1108,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default=None, help="tiny: cpu (default); real-size: cuda (default)")
     p.add_argument("--blocks", type=int, default=None, help="blocks per video (tiny 9, real-size 5: 8 / 4 drafted "
                    "blocks make 0/25/50/75/100 %% exact)")
-    p.add_argument("--repeats", type=int, default=None, help="timed passes over all rows (tiny 7, real-size 1); more passes tighten the wall estimate on a noisy machine")
+    p.add_argument("--repeats", type=int, default=None, help="timed passes over all rows (tiny 5, real-size 1)")
+    p.add_argument("--interleave", type=int, default=None, help="rows per interleaved group: each group runs beside "
+                   "its own target-only run, one block of each in turn, for a paired speedup (tiny 2; real-size 0 = "
+                   "every run on its own)")
     p.add_argument("--warmup", type=int, default=None, help="untimed runs per row before the timed ones (tiny 1, "
                    "real-size 0; real-size always does one global warm-up)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (tiny default 1: on small CPUs "
@@ -1040,13 +1141,14 @@ def cmd_bench(args) -> int:
         width=args.width or (REAL_WIDTH if real else 64),
         height=args.height or (REAL_HEIGHT if real else 64),
         seed=args.seed,
-        repeats=args.repeats if args.repeats is not None else (1 if real else 7),
+        repeats=args.repeats if args.repeats is not None else (1 if real else 5),
+        interleave=args.interleave if args.interleave is not None else (0 if real else 2),
         warmup=args.warmup if args.warmup is not None else (0 if real else 1),
         levels=_parse_levels(args.levels),
         only=tuple(x.strip() for x in args.only.split(",") if x.strip()),
     )
-    if s.repeats < 1 or s.warmup < 0 or s.blocks < 2:
-        raise ConfigError("--repeats must be ≥ 1, --warmup ≥ 0 and --blocks ≥ 2.")
+    if s.repeats < 1 or s.warmup < 0 or s.blocks < 2 or s.interleave < 0:
+        raise ConfigError("--repeats must be ≥ 1, --warmup ≥ 0, --interleave ≥ 0 and --blocks ≥ 2.")
     if real:
         return _cmd_real_size(args, s, log)
     return _cmd_tiny(args, s, log)

@@ -151,7 +151,13 @@ def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_
             assert r["acceptance"] == pytest.approx(r["level"])
         if r["calls_match_model"] is not None:
             assert r["calls_match_model"], r["name"]
-    assert sorted(report["passes"][0]) == sorted(names)  # one pass ran every row once
+    # one pass ran every row once, in groups of two rows beside their own target-only run
+    groups = report["passes"][0]
+    assert all("target-only" in g and len(g) <= 3 for g in groups)
+    assert sorted(n for g in groups for n in g if n != "target-only") == sorted(names[1:])
+    for r in report["rows"][1:]:
+        assert len(r["paired_speedups"]) == 1 and r["speedup"] == pytest.approx(r["paired_speedups"][0])
+    assert report["rows"][0]["paired_speedups"] is None
     recompute = {(e["kind"], tuple(e["signature"])) for e in report["cost_model"]["per_signature_s"]["recompute"]}
     assert ("target", (0, 3, True)) in recompute and ("target", (3, 3, True)) in recompute
     base = report["rows"][0]
@@ -159,6 +165,34 @@ def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_
     assert set(base["kv_cache_bytes"]) == {"target"}
     assert report["rows"][1]["calls"]["target"] == 0
     assert {"efficiency_ok", "overhead_ok", "flat_ok", "pipelined_ok", "per_block_growth"} <= set(report["goals"])
+
+
+def test_interleaved_runs_give_the_same_videos_as_runs_alone(tiny_models):
+    """Block-by-block interleaving shares the models between live runs (the VAE stream state is swapped around each
+    step): every run's frames, latents and decisions must be bit-identical to the same run on its own."""
+    s = bench.BenchSettings(blocks=4, repeats=1, warmup=0)
+    embeds = tiny_models.text_encoder.encode(s.prompt)
+    pattern = bench.exact_pattern_seed(3, 1 / 3)
+    variants = [bench.Variant("target-only", "target-only"), bench.Variant("scored", "scored", 1 / 3),
+                bench.Variant("pipelined", "scored", 1 / 3, pipelined=True),
+                bench.Variant("noisy", "random", 1 / 3, regime="noisy")]
+    instr = bench.Instrument(torch.device("cpu")).install(tiny_models)
+    try:
+        alone = {v.name: bench.run_once(tiny_models, v, s, instr, embeds, pattern) for v in variants}
+        live = [bench.LiveRun(tiny_models, v, s, embeds, pattern) for v in variants]
+        bench.run_interleaved(live, instr)
+    finally:
+        instr.uninstall()
+    for r in live:
+        m_alone, res_alone = alone[r.variant.name]
+        assert torch.equal(r.result.frames, res_alone.frames), r.variant.name
+        assert torch.equal(r.result.latents, res_alone.latents), r.variant.name
+        assert [b.decision for b in r.result.blocks] == [b.decision for b in res_alone.blocks]
+        m = r.measure()
+        assert m.counts == m_alone.counts  # each run's calls were traced to it, not to its neighbours
+        assert len(m.segments) == s.blocks + 1 and m.wall == pytest.approx(sum(m.segments))
+    drafted = [b.decision == "accept" for b in live[1].result.blocks if b.drafted]
+    assert drafted == pattern[1] and sum(drafted) == 1  # the pattern was forced
 
 
 def test_real_size_dry_run_builds_on_meta_and_prints_the_plan(tmp_path, capsys):
@@ -195,7 +229,8 @@ def test_real_size_model_builder_runs_the_bench_at_tiny_shapes():
     spec = bench.RealSizeSpec(dtype=torch.float32)
     device = torch.device("cpu")
     models = bench.build_real_size_models(device, spec, configs=configs)
-    s = bench.BenchSettings(profile="real-size", blocks=2, width=32, height=32, repeats=1, warmup=0, levels=(1.0,))
+    s = bench.BenchSettings(profile="real-size", blocks=2, width=32, height=32, repeats=1, warmup=0, levels=(1.0,),
+                            interleave=0)
     embeds = torch.randn(1, 8, TINY_DRAFTER_CONFIG["text_dim"])
     variants = [bench.Variant("target-only", "target-only"), bench.Variant("scored @100%", "scored", 1.0)]
     report = bench.run_bench(models, s, device=device, embeds=embeds, variants=variants, sanitize_frames=True)
