@@ -480,6 +480,23 @@ class CostModel:
                 for (k, sig), n in sorted(self.calls_seen.items())]
 
 
+def paired_speedup(base_segments: Sequence[Sequence[float]], row_segments: Sequence[Sequence[float]]) -> float:
+    """Speedup of a row over the target-only runs interleaved beside it, one pair of runs per pass.
+
+    For each block segment i: r_i = median over passes of row_i / base_i (the two ran within a round of each other,
+    so a burst of the machine lands on both), and B_i = median over passes of base_i. The row's wall in baseline
+    terms is Σ r_i·B_i, and the speedup Σ B_i / Σ r_i·B_i. Medians: unbiased for the multiplicative slowdowns of
+    a shared machine, where a minimum favours short segments (they are more often caught undisturbed).
+    """
+    n = len(base_segments[0])
+    if len(base_segments) != len(row_segments) or any(len(x) != n for x in (*base_segments, *row_segments)):
+        raise ConfigError("Paired runs must have the same passes and block segments.")
+    b = [statistics.median(base[i] for base in base_segments) for i in range(n)]
+    r = [statistics.median(row[i] / base[i] for base, row in zip(base_segments, row_segments, strict=True))
+         for i in range(n)]
+    return sum(b) / sum(ri * bi for ri, bi in zip(r, b, strict=True))
+
+
 def segment_min_wall(runs: Sequence[RunMeasure]) -> float:
     """The row's wall time with the shared machine's bursts taken out: Σ over block segments of the fastest pass.
 
@@ -557,6 +574,19 @@ def _select(variants: list[Variant], only: Sequence[str]) -> list[Variant]:
     return keep
 
 
+class _OnceFilter(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
 def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.Tensor,
               variants: list[Variant] | None = None, log: Callable[[str], None] | None = None,
               sanitize_frames: bool = False, extra: dict | None = None) -> dict:
@@ -586,9 +616,11 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
         if v.level is not None and v.level not in patterns:
             patterns[v.level] = exact_pattern_seed(n_drafted, v.level)
     instr = Instrument(device, sanitize_frames=sanitize_frames).install(models)
+    once = _OnceFilter()  # the sampler's per-run warnings (pipelined on the CPU), once per bench, not once per run
+    logging.getLogger("sdvg.sampler").addFilter(once)
     latent_hw = (s.height // 8, s.width // 8)
     measured: dict[str, list[RunMeasure]] = {v.name: [] for v in variants}
-    paired: dict[str, list[float]] = {v.name: [] for v in variants}
+    paired: dict[str, list[list[float]]] = {v.name: [] for v in variants}  # the beside-run baseline's segments
     peaks: dict[str, tuple[int, int | None]] = {}
     group_peaks: dict[str, int] = {}
     last: dict[str, Any] = {}
@@ -637,12 +669,13 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
                     if log:
                         log(f"  [{rep + 1}/{s.repeats}] {name:26s} wall {m.wall:.3f}s")
                 if s.interleave:
-                    base_wall = got[base.name][0].wall
-                    for name, (m, _) in got.items():
+                    base_segments = got[base.name][0].segments
+                    for name in got:
                         if name != base.name:
-                            paired[name].append(base_wall / m.wall)
+                            paired[name].append(base_segments)
     finally:
         instr.uninstall()
+        logging.getLogger("sdvg.sampler").removeFilter(once)
     rows: list[dict] = []
     for v in variants:
         row = _row_basics(v, measured[v.name], patterns.get(v.level), models, s, latent_hw, last[v.name])
@@ -651,7 +684,11 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
         else:
             row["peak_rss_bytes"], row["cuda_peak_bytes"] = group_peaks.get(v.name), None
             row["peak_measured"] = "with its interleaved group"
-        row["paired_speedups"] = paired[v.name] if v is not base and s.interleave else None
+        if v is not base and s.interleave:
+            row["paired_base_segments_s"] = paired[v.name]
+            row["paired_speedups"] = [sum(b) / m.wall for b, m in zip(paired[v.name], measured[v.name], strict=True)]
+        else:
+            row["paired_base_segments_s"] = row["paired_speedups"] = None
         rows.append(row)
     return _finish_report(rows, variants, measured, s, device, {"passes": passes, **(extra or {})})
 
@@ -724,8 +761,9 @@ def _finish_report(rows, variants, measured, s: BenchSettings, device, extra) ->
             row["speedup" + suffix] = speedup
             row["efficiency" + suffix] = speedup / row["bound"] if speedup and row["bound"] else None
         # the primary speedup: paired with the baseline run interleaved beside it when there is one
-        if row["paired_speedups"]:
-            row["speedup"], row["speedup_estimator"] = _median(row["paired_speedups"]), "paired (median over passes)"
+        if row["paired_base_segments_s"]:
+            row["speedup"] = paired_speedup(row["paired_base_segments_s"], row["segments_all_s"])
+            row["speedup_estimator"] = "paired per block (median over passes)"
         elif row is base:
             row["speedup"], row["speedup_estimator"] = 1.0, "baseline"
         else:
@@ -746,8 +784,9 @@ def _finish_report(rows, variants, measured, s: BenchSettings, device, extra) ->
             "definition": "cost(call) = median seconds of that call (kind + signature), pooled over the timed runs "
                           "of the same cache regime in this bench run; predicted = Σ cost over the row's calls; "
                           "bound = predicted(target-only) / predicted(row); wall = Σ over block segments of the "
-                          "fastest pass; speedup = median over passes of wall(target-only) / wall(row) of the runs "
-                          "interleaved block by block in one group (without interleaving: ratio of the walls); "
+                          "fastest pass; speedup = Σ_i B_i / Σ_i r_i·B_i over block segments i, r_i = median over "
+                          "passes of row_i / base_i of the target-only run interleaved beside the row, B_i = median "
+                          "of base_i (without interleaving: wall(target-only) / wall(row)); "
                           "efficiency = speedup / bound (efficiency_segment / _median_wall / _min_wall: with the "
                           "ratio of segment-minimum / median / fastest whole-run walls); "
                           "call_slowdown = predicted with the row's own medians / predicted; "
@@ -1264,5 +1303,5 @@ REAL_SIZE_NOTES = (
 __all__ = [
     "BenchSettings", "CostModel", "Instrument", "RunMeasure", "Variant", "add_parser", "busy_seconds",
     "build_real_size_models", "default_variants", "evaluate_goals", "exact_pattern_seed", "format_table",
-    "memory_plan", "pattern_counts", "render_plot", "run_bench", "segment_min_wall",
+    "memory_plan", "paired_speedup", "pattern_counts", "render_plot", "run_bench", "segment_min_wall",
 ]

@@ -56,6 +56,18 @@ def test_cost_model_prices_calls_by_signature_with_medians():
     assert {e["kind"] for e in merged.as_json()} == {"target", "drafter", "decode", "score"}
 
 
+def test_paired_speedup_cancels_bursts_that_hit_both_runs_of_a_round():
+    # the row's block i is half the baseline's; per pass, a burst slows one round (both runs in it) by ×2–3
+    base = [[0.4, 0.4, 0.4], [0.4, 0.4, 0.4], [0.4, 0.4, 0.4]]
+    row = [[0.2, 0.2, 0.2], [0.2, 0.2, 0.2], [0.2, 0.2, 0.2]]
+    for k in range(3):
+        base[k][k] *= 2 + k
+        row[k][k] *= 2 + k
+    assert bench.paired_speedup(base, row) == pytest.approx(2.0)
+    with pytest.raises(ConfigError):
+        bench.paired_speedup(base, row[:2])
+
+
 def test_segment_min_wall_takes_each_segment_from_its_fastest_pass():
     # three passes of a 4-segment run; a burst hits a different segment in each pass
     runs = [measure([], wall=sum(seg), segments=seg) for seg in
@@ -251,20 +263,29 @@ def test_estimator_spread_script_on_a_synthetic_bursty_report(tmp_path, capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
 
-    def row(name, group, segs, burst):
-        runs = []
+    def runs_of(segs, shift=0):  # one burst per pass, on a different segment each time, ×(1.5…2.5)
+        out = []
         for k in range(6):
             s = list(segs)
-            s[k % len(s)] += burst * (1 + k % 3)  # a burst lands on a different segment in every pass
-            runs.append(s)
-        return {"name": name, "group": group, "router": "target-only" if group == "baseline" else "random",
-                "regime": "recompute", "schedule": "constant", "bound": sum([0.4] * 4) / sum(segs),
-                "wall_all_s": [sum(s) for s in runs], "segments_all_s": runs}
+            s[(k + shift) % len(s)] *= 1.5 + 0.5 * ((k + shift) % 3)
+            out.append(s)
+        return out
 
-    report = {"rows": [row("target-only", "baseline", [0.4] * 4, 0.3), row("random @100%", "random", [0.1] * 4, 0.3),
-                       row("random @0%", "random", [0.6] * 4, 0.05)]}
+    base_runs = runs_of([0.4] * 4)  # the baseline runs beside the rows: the same bursts as the rows
+
+    def row(name, group, segs):
+        runs = runs_of(segs, shift=1 if group == "baseline" else 0)  # the baseline's other runs: other bursts
+        return {"name": name, "group": group, "router": "target-only" if group == "baseline" else "random",
+                "regime": "recompute", "schedule": "constant", "bound": 1.6 / sum(segs),
+                "wall_all_s": [sum(s) for s in runs], "segments_all_s": runs, "paired_base_segments_s": base_runs,
+                "paired_speedups": [sum(b) / sum(r) for b, r in zip(base_runs, runs, strict=True)]}
+
+    report = {"rows": [row("target-only", "baseline", [0.4] * 4), row("random @100%", "random", [0.1] * 4),
+                       row("random @0%", "random", [0.6] * 4)]}
     out = mod.spread(report, size=4, draws=50)
-    assert out["segment-min"]["mean"] == pytest.approx(1.0) and out["segment-min"]["sd"] == pytest.approx(0.0, abs=1e-12)
+    # the bursts hit the row and the baseline beside it alike: the paired per-block estimate is exact
+    assert out["paired-block"]["mean"] == pytest.approx(1.0) and out["paired-block"]["sd"] < 1e-12
+    assert out["segment-min"]["mean"] == pytest.approx(1.0) and out["segment-min"]["sd"] < 1e-12
     assert out["segment-min"]["p_min_ge_095"] == 1.0
     assert out["median"]["sd"] > 0.01 and out["fastest"]["sd"] > 0.01
     (tmp_path / "r.json").write_text(json.dumps(report))
