@@ -1,7 +1,10 @@
 """``python -m sdvg bench``: one-process speed benchmark of the speculative sampler, with a cost-model bound.
 
-Every row ("variant") is run ``warmup`` times untimed, then ``repeats`` timed passes run every row once each, in a
-seeded random order per pass.
+Every row ("variant") is run ``warmup`` times on its own, untimed (this also gives its peak memory), then
+``repeats`` timed passes run every row once each, in a seeded random order per pass. With ``interleave = k`` (tiny
+profile: 2) a pass runs its rows in groups of k beside their own target-only run, one block of each in turn
+(:class:`LiveRun`, :func:`run_interleaved`), so that a row and its baseline feel the same state of a shared
+machine; see :func:`run_bench`.
 
 What is measured (per timed run)
 - The run: ``SpeculativeSampler.run`` from call to return (prompt embeddings are precomputed; the sampler's
@@ -26,7 +29,9 @@ Cost model and bound
   (kind + signature), pooled over all timed runs that use the same cache regime.
 - ``predicted(row)`` = Σ of those costs over the calls the row made (the trace; deterministic for a pattern).
 - ``bound = predicted(target-only baseline) / predicted(row)``: the speedup over target-only that the row would
-  reach with zero overhead and no overlap. ``speedup = wall(baseline) / wall(row)``, and
+  reach with zero overhead and no overlap.
+- ``speedup``: interleaved, :func:`paired_speedup` of the row against the target-only runs beside it (block
+  segment by block segment, medians over passes); otherwise ``wall(baseline) / wall(row)``.
   ``efficiency = speedup / bound``. Pipelined rows overlap decode+score with drafting, so they may exceed 1.
 
 Acceptance is forced, so it does not depend on random weights: ``random`` rows use the random router with a router
@@ -153,7 +158,8 @@ class Instrument:
         self._lock = threading.Lock()
         self._installed: list[tuple[object, str]] = []
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
+        """Wait for the device (CUDA) so that a host clock reading covers the work queued so far."""
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -163,11 +169,11 @@ class Instrument:
 
         def traced(*args, **kwargs):
             sig = signature(*args, **kwargs) if signature is not None else ()
-            self._sync()
+            self.sync()
             start = time.perf_counter()
             try:
                 out = original(*args, **kwargs)
-                self._sync()
+                self.sync()
             finally:
                 end = time.perf_counter()
                 self.events.append((kind, start, end, sig))
@@ -379,6 +385,7 @@ class LiveRun:
         except StopIteration as stop:
             self.result = stop.value
         finally:
+            instr.sync()
             end = time.perf_counter()
             self.segments.append(end - start)
             self.stamps.append(end)
