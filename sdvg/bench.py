@@ -581,6 +581,20 @@ def _select(variants: list[Variant], only: Sequence[str]) -> list[Variant]:
     return keep
 
 
+def _pass_groups(variants: list[Variant], base: Variant, s: BenchSettings, rep: int) -> list[list[Variant]]:
+    """Timed pass ``rep``: the rows in a seeded random order; interleaved, cut into groups of ``s.interleave`` rows,
+    each with the baseline at a seeded random place in the round. Not interleaved: one row per group."""
+    order = list(variants)
+    random.Random(s.seed * 7919 + rep).shuffle(order)
+    if not s.interleave:
+        return [[v] for v in order]
+    others = [v for v in order if v is not base]
+    groups = [[base, *others[i:i + s.interleave]] for i in range(0, len(others), s.interleave)]
+    for g in groups:
+        random.Random(f"{s.seed}/{rep}/{g[1].name}").shuffle(g)
+    return groups
+
+
 class _OnceFilter(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
@@ -604,9 +618,9 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
     shared machine hit all rows alike and a disturbance that recurs with the pass's rhythm does not land on the
     same neighbours every time. With ``interleave = k > 0`` a pass cuts the rows into groups of k, and each group
     runs *together with its own target-only run*, one block of each in turn (:class:`LiveRun`): a row's blocks and
-    its baseline's blocks run within about a second of each other, so the machine's bursts hit both, and the
-    row's paired speedup for that pass is baseline wall / row wall inside the group. ``interleave = 0`` runs every
-    run on its own (what the real-size profile does: concurrent KV caches of a 14B model do not fit twice).
+    its baseline's blocks run within about a second of each other, so the machine's bursts hit both; the row's
+    speedup compares it with those baseline runs block by block (:func:`paired_speedup`). ``interleave = 0`` runs
+    every run on its own (what the real-size profile does: concurrent KV caches of a 14B model do not fit twice).
     """
     variants = _select(variants if variants is not None else default_variants(s.profile, s.levels), s.only)
     base = next((v for v in variants if v.router == "target-only" and v.baseline_key == "recompute/constant"), None)
@@ -650,15 +664,7 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
             for v in variants:
                 alone(v)
         for rep in range(max(1, s.repeats)):
-            order = list(variants)
-            random.Random(s.seed * 7919 + rep).shuffle(order)
-            if s.interleave:
-                others = [v for v in order if v is not base]
-                groups = [[base, *others[i:i + s.interleave]] for i in range(0, len(others), s.interleave)]
-                for g in groups:  # the baseline's place within the round varies too
-                    random.Random(f"{s.seed}/{rep}/{g[1].name}").shuffle(g)
-            else:
-                groups = [[v] for v in order]
+            groups = _pass_groups(variants, base, s, rep)
             passes.append([[v.name for v in g] for g in groups])
             for g in groups:
                 if s.interleave:
