@@ -126,6 +126,11 @@ def test_goals_on_a_synthetic_report():
     assert g["flat_ok"] is False  # the noisy row grows
     rows[1]["efficiency"] = 0.9
     assert not bench.evaluate_goals({"rows": rows})["efficiency_ok"]
+    # with (paired) speedups the gain comes from them, not from the walls: here pipelined is 5 % behind
+    rows[1]["speedup"], rows[2]["speedup"] = 2.0, 1.9
+    g = bench.evaluate_goals({"rows": rows})
+    assert g["pipelined"]["75%"]["gain"] == pytest.approx(-0.05) and g["pipelined_ok"] is False
+    assert g["pipelined"]["75%"]["gain_from_walls"] == pytest.approx(1.0 / 0.9 - 1.0)
 
 
 def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_path, capsys):
