@@ -300,8 +300,16 @@ class BenchSettings:
     prompt: str = BENCH_PROMPT
     only: tuple[str, ...] = ()  # variant groups or names to run (empty: all)
     # Rows per interleaved group, each group with its own target-only run (0: every run on its own, one after
-    # another). See run_bench.
-    interleave: int = 2
+    # another; None: 2 on the tiny profile, 0 at real size, where a second live 14B KV cache may not fit).
+    # See run_bench.
+    interleave: int | None = None
+
+    @property
+    def groups_of(self) -> int:
+        """The interleave in force."""
+        if self.interleave is not None:
+            return self.interleave
+        return 0 if self.profile == "real-size" else 2
 
 
 @dataclass
@@ -315,7 +323,6 @@ class RunMeasure:
     per_block: list[float]
     decisions: list[str]
     produced_by: list[str]
-    durations: dict[str, list[float]] = field(default_factory=dict)
     # Elapsed time between consecutive finished blocks (the first one includes the per-video setup) and, last,
     # the tail after the final block: they add up to ``wall`` exactly, pipelined or not.
     segments: list[float] = field(default_factory=list)
@@ -368,7 +375,6 @@ class LiveRun:
         self._vae_state = None
         self.events: list[tuple[str, float, float, tuple]] = []
         self.segments: list[float] = []
-        self.stamps: list[float] = []  # when each step ended (perf_counter)
         self.result = None
 
     @property
@@ -388,20 +394,17 @@ class LiveRun:
             instr.sync()
             end = time.perf_counter()
             self.segments.append(end - start)
-            self.stamps.append(end)
             self._score_calls = instr.score_calls
-            self._vae_state = self.vae.snapshot()
+            self._vae_state = None if self.finished else self.vae.snapshot()
             instr.events, instr.score_pattern = [], None
 
     def measure(self) -> RunMeasure:
         result, events = self.result, self.events
         counts = {k: 0 for k in CALL_KINDS}
         secs = {k: 0.0 for k in CALL_KINDS}
-        durations: dict[str, list[float]] = {k: [] for k in CALL_KINDS}
         for kind, a, b, _sig in events:
             counts[kind] += 1
             secs[kind] += b - a
-            durations[kind].append(b - a)
         phases = {p: 0.0 for p in PHASES}
         per_block = []
         for r in result.blocks:
@@ -412,7 +415,7 @@ class LiveRun:
             wall=sum(self.segments), busy=busy_seconds([(a, b) for _, a, b, _ in events]), in_calls=sum(secs.values()),
             counts=counts, call_seconds=secs, phases=phases, per_block=per_block,
             decisions=[r.decision for r in result.blocks], produced_by=[r.produced_by for r in result.blocks],
-            durations=durations, segments=list(self.segments),
+            segments=list(self.segments),
             calls=[(kind, sig, b - a) for kind, a, b, sig in sorted(events, key=lambda e: e[1])],
         )
 
@@ -576,20 +579,26 @@ def _growth(per_block: Sequence[float], start: int = 1) -> float | None:
 def _select(variants: list[Variant], only: Sequence[str]) -> list[Variant]:
     if not only:
         return variants
+    unknown = [o for o in only if not any(v.group == o or v.name == o for v in variants)]
+    if unknown:
+        groups = ", ".join(dict.fromkeys(v.group for v in variants))
+        raise ConfigError(f"--only: no row or group named {', '.join(map(repr, unknown))}. Groups: {groups}; "
+                          "or a row name from the table, e.g. 'scored @75%'.")
     keep = [v for v in variants if v.group in only or v.name in only or v.group == "baseline" and v.router == "target-only"
             and v.regime == "recompute"]
     return keep
 
 
 def _pass_groups(variants: list[Variant], base: Variant, s: BenchSettings, rep: int) -> list[list[Variant]]:
-    """Timed pass ``rep``: the rows in a seeded random order; interleaved, cut into groups of ``s.interleave`` rows,
+    """Timed pass ``rep``: the rows in a seeded random order; interleaved, cut into groups of ``s.groups_of`` rows,
     each with the baseline at a seeded random place in the round. Not interleaved: one row per group."""
     order = list(variants)
     random.Random(s.seed * 7919 + rep).shuffle(order)
-    if not s.interleave:
-        return [[v] for v in order]
+    k = s.groups_of
     others = [v for v in order if v is not base]
-    groups = [[base, *others[i:i + s.interleave]] for i in range(0, len(others), s.interleave)]
+    if not k or not others:
+        return [[v] for v in order]
+    groups = [[base, *others[i:i + k]] for i in range(0, len(others), k)]
     for g in groups:
         random.Random(f"{s.seed}/{rep}/{g[1].name}").shuffle(g)
     return groups
@@ -630,7 +639,7 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
     n_drafted = s.blocks - 1
     if n_drafted < 1:
         raise ConfigError("The bench needs at least 2 blocks (block 0 is always the target's).")
-    if s.interleave < 0:
+    if s.groups_of < 0:
         raise ConfigError("interleave must be ≥ 0 (0: no interleaving).")
     patterns: dict[float, tuple[int, list[bool]]] = {}
     for v in variants:
@@ -641,8 +650,12 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
     logging.getLogger("sdvg.sampler").addFilter(once)
     latent_hw = (s.height // 8, s.width // 8)
     measured: dict[str, list[RunMeasure]] = {v.name: [] for v in variants}
+    # interleaved: the baseline runs once per group; one of them per pass counts as the baseline row's run (so its
+    # statistics rest on as many runs as every other row's), all of them feed the cost table and the pairing
+    more_base_runs: list[RunMeasure] = []
     paired: dict[str, list[list[float]]] = {v.name: [] for v in variants}  # the beside-run baseline's segments
-    peaks: dict[str, tuple[int, int | None]] = {}
+    peaks: dict[str, list[int]] = {}
+    cuda_peaks: dict[str, list[int]] = {}
     group_peaks: dict[str, int] = {}
     last: dict[str, Any] = {}
     passes: list[list[list[str]]] = []
@@ -655,8 +668,9 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         m, result = run_once(models, v, s, instr, embeds, patterns.get(v.level))
-        peaks[v.name] = max(peaks.get(v.name, (0, None)), (peak_rss_bytes(), (
-            torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)), key=lambda p: p[0])
+        peaks.setdefault(v.name, []).append(peak_rss_bytes())
+        if device.type == "cuda":
+            cuda_peaks.setdefault(v.name, []).append(torch.cuda.max_memory_allocated(device))
         return m, result
 
     try:
@@ -666,8 +680,8 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
         for rep in range(max(1, s.repeats)):
             groups = _pass_groups(variants, base, s, rep)
             passes.append([[v.name for v in g] for g in groups])
-            for g in groups:
-                if s.interleave:
+            for gi, g in enumerate(groups):
+                if len(g) > 1:
                     runs = [live(v) for v in g]
                     reset_peak_rss()
                     run_interleaved(runs, instr)
@@ -677,15 +691,17 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
                 else:
                     got = {g[0].name: alone(g[0])}
                 for name, (m, result) in got.items():
-                    measured[name].append(m)
-                    last[name] = result
-                    if log:
-                        log(f"  [{rep + 1}/{s.repeats}] {name:26s} wall {m.wall:.3f}s")
-                if s.interleave:
-                    base_segments = got[base.name][0].segments
+                    if name == base.name and len(g) > 1 and gi > 0:
+                        more_base_runs.append(m)
+                    else:
+                        measured[name].append(m)
+                        last[name] = result
+                        if log:
+                            log(f"  [{rep + 1}/{s.repeats}] {name:26s} wall {m.wall:.3f}s")
+                if len(g) > 1:
                     for name in got:
                         if name != base.name:
-                            paired[name].append(base_segments)
+                            paired[name].append(got[base.name][0].segments)
     finally:
         instr.uninstall()
         logging.getLogger("sdvg.sampler").removeFilter(once)
@@ -693,17 +709,19 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
     for v in variants:
         row = _row_basics(v, measured[v.name], patterns.get(v.level), models, s, latent_hw, last[v.name])
         if v.name in peaks:
-            (row["peak_rss_bytes"], row["cuda_peak_bytes"]), row["peak_measured"] = peaks[v.name], "alone"
+            row["peak_rss_bytes"], row["peak_measured"] = max(peaks[v.name]), "alone"
+            row["cuda_peak_bytes"] = max(cuda_peaks[v.name]) if v.name in cuda_peaks else None
         else:
             row["peak_rss_bytes"], row["cuda_peak_bytes"] = group_peaks.get(v.name), None
             row["peak_measured"] = "with its interleaved group"
-        if v is not base and s.interleave:
+        if paired[v.name]:
             row["paired_base_segments_s"] = paired[v.name]
             row["paired_speedups"] = [sum(b) / m.wall for b, m in zip(paired[v.name], measured[v.name], strict=True)]
         else:
             row["paired_base_segments_s"] = row["paired_speedups"] = None
         rows.append(row)
-    return _finish_report(rows, variants, measured, s, device, {"passes": passes, **(extra or {})})
+    return _finish_report(rows, variants, measured, s, device, {"passes": passes, **(extra or {})},
+                          more_runs={base.name: more_base_runs})
 
 
 def _row_basics(v: Variant, runs: list[RunMeasure], pattern, models, s: BenchSettings, latent_hw, result) -> dict:
@@ -754,12 +772,14 @@ def _row_basics(v: Variant, runs: list[RunMeasure], pattern, models, s: BenchSet
     }
 
 
-def _finish_report(rows, variants, measured, s: BenchSettings, device, extra) -> dict:
+def _finish_report(rows, variants, measured, s: BenchSettings, device, extra,
+                   more_runs: dict[str, list[RunMeasure]] | None = None) -> dict:
     by_regime: dict[str, list[RunMeasure]] = {}
     vmap = {v.name: v for v in variants}
+    more_runs = more_runs or {}
     for name, runs in measured.items():
-        by_regime.setdefault(vmap[name].regime, []).extend(runs)
-    pooled = CostModel.from_runs([r for runs in measured.values() for r in runs])
+        by_regime.setdefault(vmap[name].regime, []).extend([*runs, *more_runs.get(name, [])])
+    pooled = CostModel.from_runs([r for runs in by_regime.values() for r in runs])
     tables = {reg: CostModel.from_runs(runs).with_fallback(pooled) for reg, runs in by_regime.items()}
     base = next(r for r in rows if r["router"] == "target-only" and r["regime"] == "recompute"
                 and r["schedule"] == "constant")
@@ -791,7 +811,8 @@ def _finish_report(rows, variants, measured, s: BenchSettings, device, extra) ->
     ratio = rec["target"] / rec["drafter"] if rec.get("target") and rec.get("drafter") else None
     report = {
         "schema": SCHEMA,
-        "settings": {**asdict(s), "levels": list(s.levels), "only": list(s.only), "order": "shuffled per pass"},
+        "settings": {**asdict(s), "interleave": s.groups_of, "levels": list(s.levels), "only": list(s.only),
+                     "order": "shuffled per pass"},
         "machine": _machine(device),
         "cost_model": {
             "definition": "cost(call) = median seconds of that call (kind + signature), pooled over the timed runs "
@@ -1200,12 +1221,12 @@ def cmd_bench(args) -> int:
         height=args.height or (REAL_HEIGHT if real else 64),
         seed=args.seed,
         repeats=args.repeats if args.repeats is not None else (1 if real else 5),
-        interleave=args.interleave if args.interleave is not None else (0 if real else 2),
+        interleave=args.interleave,
         warmup=args.warmup if args.warmup is not None else (0 if real else 1),
         levels=_parse_levels(args.levels),
         only=tuple(x.strip() for x in args.only.split(",") if x.strip()),
     )
-    if s.repeats < 1 or s.warmup < 0 or s.blocks < 2 or s.interleave < 0:
+    if s.repeats < 1 or s.warmup < 0 or s.blocks < 2 or s.groups_of < 0:
         raise ConfigError("--repeats must be ≥ 1, --warmup ≥ 0, --interleave ≥ 0 and --blocks ≥ 2.")
     if real:
         return _cmd_real_size(args, s, log)

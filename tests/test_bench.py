@@ -175,6 +175,9 @@ def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_
     for r in report["rows"][1:]:
         assert len(r["paired_speedups"]) == 1 and r["speedup"] == pytest.approx(r["paired_speedups"][0])
     assert report["rows"][0]["paired_speedups"] is None
+    # the baseline ran beside every group, but one run per pass counts for its own row (like every other row)
+    assert report["rows"][0]["repeats"] == 1 and len(report["rows"][0]["wall_all_s"]) == 1
+    assert report["settings"]["interleave"] == 2
     recompute = {(e["kind"], tuple(e["signature"])) for e in report["cost_model"]["per_signature_s"]["recompute"]}
     assert ("target", (0, 3, True)) in recompute and ("target", (3, 3, True)) in recompute
     base = report["rows"][0]
@@ -212,6 +215,18 @@ def test_interleaved_runs_give_the_same_videos_as_runs_alone(tiny_models):
     assert drafted == pattern[1] and sum(drafted) == 1  # the pattern was forced
 
 
+def test_bench_with_only_the_baseline_left_runs_it_alone(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--models", str(tiny_dir), "--blocks", "2", "--repeats", "1", "--warmup", "0",
+                 "--only", "target-only", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["name"] for r in report["rows"]] == ["target-only"] and report["passes"] == [[["target-only"]]]
+    # a misspelt row or group is named, not silently dropped
+    assert main(["bench", "--models", str(tiny_dir), "--only", "scored,piplined"]) == 2
+    err = capsys.readouterr().err
+    assert "'piplined'" in err and "pipelined" in err
+
+
 def test_real_size_dry_run_builds_on_meta_and_prints_the_plan(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["bench", "--profile", "real-size", "--dry-run", "--json", str(out)]) == 0
@@ -246,12 +261,13 @@ def test_real_size_model_builder_runs_the_bench_at_tiny_shapes():
     spec = bench.RealSizeSpec(dtype=torch.float32)
     device = torch.device("cpu")
     models = bench.build_real_size_models(device, spec, configs=configs)
-    s = bench.BenchSettings(profile="real-size", blocks=2, width=32, height=32, repeats=1, warmup=0, levels=(1.0,),
-                            interleave=0)
+    s = bench.BenchSettings(profile="real-size", blocks=2, width=32, height=32, repeats=1, warmup=0, levels=(1.0,))
     embeds = torch.randn(1, 8, TINY_DRAFTER_CONFIG["text_dim"])
     variants = [bench.Variant("target-only", "target-only"), bench.Variant("scored @100%", "scored", 1.0)]
     report = bench.run_bench(models, s, device=device, embeds=embeds, variants=variants, sanitize_frames=True)
+    assert report["settings"]["interleave"] == 0  # real size: every run on its own by default
     assert [r["name"] for r in report["rows"]] == ["target-only", "scored @100%"]
+    assert report["rows"][1]["peak_measured"] == "alone" and report["rows"][1]["paired_speedups"] is None
     assert report["rows"][1]["acceptance"] == 1.0 and report["rows"][1]["calls"]["score"] == 1
     plan = bench.memory_plan(models, s)
     assert plan["kv_cache_bytes"]["target"]["recompute"] > 0
