@@ -310,6 +310,9 @@ class _Run:
             self.denoisers[name] = den
         self.seen_forwards = {name: 0 for name in self.denoisers}
         self.call_stats = {name: {"seconds": 0.0, "forwards": 0} for name in self.denoisers}
+        # Krea's re-encoded first context frame runs inside a denoise (the first forward's context needs it): its
+        # time is kept apart, so the per-forward means stay forward times
+        self.call_stats["encode"] = {"seconds": 0.0, "forwards": 0}
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdvg-verify") if cfg.pipelined else None
         self.side_stream = (
             torch.cuda.Stream(self.aux_device) if cfg.pipelined and self.aux_device.type == "cuda" else None
@@ -344,10 +347,11 @@ class _Run:
             den.sync(history)
         noise = self._block_noise(block, device, _dtype_of(getattr(self.s.models, model)))
         phase = "draft" if model == "drafter" else "target"
-        before, start = den.forwards, time.perf_counter()
+        before, start, encoding = den.forwards, time.perf_counter(), self.call_stats["encode"]["seconds"]
         with _Timer.phase(phase, timings, device):
             result = den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model), **kwargs)
-        self.call_stats[model]["seconds"] += time.perf_counter() - start
+        encoded = self.call_stats["encode"]["seconds"] - encoding
+        self.call_stats[model]["seconds"] += time.perf_counter() - start - encoded
         self.call_stats[model]["forwards"] += den.forwards - before
         return result
 
@@ -382,7 +386,11 @@ class _Run:
                 raise ConfigError("The speculative draft could not be decoded.")
             offset = index - pixel_frames_for_blocks(n - 1)  # position inside the draft's own frames
             frame = holder[0][offset : offset + 1]
+        start = time.perf_counter()
         latent = self.vae.encode_frame(frame)
+        stats = self.call_stats["encode"]
+        stats["seconds"] += time.perf_counter() - start
+        stats["forwards"] += 1
         if len(self.first_frame_cache) >= 4:  # the committed and the speculative history of two blocks
             self.first_frame_cache.pop(next(iter(self.first_frame_cache)))
         self.first_frame_cache[key] = latent
@@ -578,8 +586,9 @@ def _dtype_of(model: torch.nn.Module) -> torch.dtype:
 def _totals(records: list[BlockRecord], wall: float, call_stats: dict, sampler: SpeculativeSampler) -> dict:
     """Acceptance, wall time, and the target-only time estimated from this run's measured per-call times.
 
-    Cost model: a target-only block costs (steps + cache forwards) × the mean target forward time + one decode;
-    cache forwards are 1 for the global (clean pass) and recompute (refill, blocks ≥ 1) regimes, 0 for noisy.
+    Cost model: a target-only block costs (steps + cache forwards) × the mean target forward time + one decode,
+    plus, in the recompute regime with the re-encoded first frame, one encode from block 2 on; cache forwards are
+    1 for the global (clean pass) and recompute (refill, blocks ≥ 1) regimes, 0 for noisy.
     """
     drafted = [r for r in records if r.drafted]
     accepted = [r for r in drafted if r.decision == "accept"]
@@ -590,14 +599,17 @@ def _totals(records: list[BlockRecord], wall: float, call_stats: dict, sampler: 
     decodes = len(records) + len(drafted) - len(accepted)
     est = None
     target = call_stats.get("target", {"forwards": 0})
+    encode = call_stats.get("encode", {"forwards": 0})
     if target["forwards"] and records:
         per_forward = target["seconds"] / target["forwards"]
         per_decode = phases.get("decode", 0.0) / max(1, decodes)
+        per_encode = encode["seconds"] / encode["forwards"] if encode["forwards"] else 0.0
         regime = sampler.config.cache.regime
+        reencode = regime == CacheRegime.RECOMPUTE and sampler.config.first_frame == "reencode"
         est = 0.0
         for r in records:
             extra = 0 if regime == CacheRegime.NOISY or (regime == CacheRegime.RECOMPUTE and r.block == 0) else 1
-            est += (r.steps + extra) * per_forward + per_decode
+            est += (r.steps + extra) * per_forward + per_decode + (per_encode if reencode and r.block >= 2 else 0.0)
     return {
         "blocks": len(records),
         "planned_blocks": sampler.config.num_blocks,

@@ -180,3 +180,34 @@ def test_recompute_context_reencodes_the_oldest_of_the_last_9_pixel_frames(tiny_
     latent = run(tiny_models, mode="random", random_rate=0.5, blocks=6, seed=1, first_frame="latent")
     assert not torch.equal(latent.latents[:, :, 6:], res.latents[:, :, 6:])
     assert torch.equal(latent.latents[:, :, :6], res.latents[:, :, :6])
+
+
+def test_target_only_estimate_prices_forwards_decodes_and_reencodes_apart():
+    """The report's estimated target-only time: (steps + refill) forwards per block at the mean target forward time,
+    one decode per block, and one first-frame re-encode per block from block 2 on (recompute regime), each priced
+    by its own measured mean — the encode time is not folded into the forwards."""
+    from types import SimpleNamespace
+
+    from sdvg.causal import CacheRegime
+    from sdvg.sampler import BlockRecord, _totals
+
+    records = [BlockRecord(block=b, decision="accept", reason="", produced_by="target", steps=4,
+                           timings={"decode": 0.1}) for b in range(4)]
+    stats = {"target": {"seconds": 1.9, "forwards": 19}, "encode": {"seconds": 0.4, "forwards": 2}}
+    sampler = SimpleNamespace(config=SimpleNamespace(num_blocks=4, cache=SimpleNamespace(regime=CacheRegime.RECOMPUTE),
+                                                     first_frame="reencode"))
+    totals = _totals(records, 3.0, stats, sampler)
+    # 4 + 3 × (4 + 1) = 19 forwards × 0.1 s, 4 decodes × 0.1 s, 2 encodes × 0.2 s
+    assert totals["est_target_only_s"] == pytest.approx(1.9 + 0.4 + 0.4)
+    assert totals["forward_s"] == {"target": pytest.approx(0.1), "encode": pytest.approx(0.2)}
+    sampler.config.first_frame = "latent"
+    assert _totals(records, 3.0, stats, sampler)["est_target_only_s"] == pytest.approx(1.9 + 0.4)
+
+
+def test_reencodes_are_timed_apart_from_the_target_forwards(tiny_models):
+    res = run(tiny_models, mode="target-only")
+    fs, target_phase = res.totals["forward_s"], res.totals["phase_s"]["target"]
+    # the target phase (timed around each denoise) splits exactly into 19 forwards and the 2 re-encodes inside them
+    # (blocks 2 and 3), up to the few microseconds between the two clocks
+    assert 19 * fs["target"] + 2 * fs["encode"] == pytest.approx(target_phase, abs=2e-3)
+    assert fs["encode"] > 0 and fs["target"] > 0
