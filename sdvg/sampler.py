@@ -309,10 +309,10 @@ class _Run:
             )
             self.denoisers[name] = den
         self.seen_forwards = {name: 0 for name in self.denoisers}
-        self.call_stats = {name: {"seconds": 0.0, "forwards": 0} for name in self.denoisers}
+        self.call_stats = {name: {"seconds": 0.0, "calls": 0} for name in self.denoisers}
         # Krea's re-encoded first context frame runs inside a denoise (the first forward's context needs it): its
         # time is kept apart, so the per-forward means stay forward times
-        self.call_stats["encode"] = {"seconds": 0.0, "forwards": 0}
+        self.call_stats["encode"] = {"seconds": 0.0, "calls": 0}
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdvg-verify") if cfg.pipelined else None
         self.side_stream = (
             torch.cuda.Stream(self.aux_device) if cfg.pipelined and self.aux_device.type == "cuda" else None
@@ -352,7 +352,7 @@ class _Run:
             result = den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model), **kwargs)
         encoded = self.call_stats["encode"]["seconds"] - encoding
         self.call_stats[model]["seconds"] += time.perf_counter() - start - encoded
-        self.call_stats[model]["forwards"] += den.forwards - before
+        self.call_stats[model]["calls"] += den.forwards - before
         return result
 
     def _block_noise(self, block: int, device: torch.device, dtype: torch.dtype):
@@ -390,7 +390,7 @@ class _Run:
         latent = self.vae.encode_frame(frame)
         stats = self.call_stats["encode"]
         stats["seconds"] += time.perf_counter() - start
-        stats["forwards"] += 1
+        stats["calls"] += 1
         if len(self.first_frame_cache) >= 4:  # the committed and the speculative history of two blocks
             self.first_frame_cache.pop(next(iter(self.first_frame_cache)))
         self.first_frame_cache[key] = latent
@@ -598,12 +598,12 @@ def _totals(records: list[BlockRecord], wall: float, call_stats: dict, sampler: 
             phases[k] = phases.get(k, 0.0) + v
     decodes = len(records) + len(drafted) - len(accepted)
     est = None
-    target = call_stats.get("target", {"forwards": 0})
-    encode = call_stats.get("encode", {"forwards": 0})
-    if target["forwards"] and records:
-        per_forward = target["seconds"] / target["forwards"]
+    target = call_stats.get("target", {"calls": 0})
+    encode = call_stats.get("encode", {"calls": 0})
+    if target["calls"] and records:
+        per_forward = target["seconds"] / target["calls"]
         per_decode = phases.get("decode", 0.0) / max(1, decodes)
-        per_encode = encode["seconds"] / encode["forwards"] if encode["forwards"] else 0.0
+        per_encode = encode["seconds"] / encode["calls"] if encode["calls"] else 0.0
         regime = sampler.config.cache.regime
         reencode = regime == CacheRegime.RECOMPUTE and sampler.config.first_frame == "reencode"
         est = 0.0
@@ -618,7 +618,7 @@ def _totals(records: list[BlockRecord], wall: float, call_stats: dict, sampler: 
         "acceptance": (len(accepted) / len(drafted)) if drafted else None,
         "wall_s": wall,
         "phase_s": phases,
-        "forward_s": {k: (v["seconds"] / v["forwards"] if v["forwards"] else None) for k, v in call_stats.items()},
+        "forward_s": {k: (v["seconds"] / v["calls"] if v["calls"] else None) for k, v in call_stats.items()},
         "est_target_only_s": est,
         "speedup_est": (est / wall) if est and wall > 0 else None,
     }

@@ -193,7 +193,7 @@ def test_target_only_estimate_prices_forwards_decodes_and_reencodes_apart():
 
     records = [BlockRecord(block=b, decision="accept", reason="", produced_by="target", steps=4,
                            timings={"decode": 0.1}) for b in range(4)]
-    stats = {"target": {"seconds": 1.9, "forwards": 19}, "encode": {"seconds": 0.4, "forwards": 2}}
+    stats = {"target": {"seconds": 1.9, "calls": 19}, "encode": {"seconds": 0.4, "calls": 2}}
     sampler = SimpleNamespace(config=SimpleNamespace(num_blocks=4, cache=SimpleNamespace(regime=CacheRegime.RECOMPUTE),
                                                      first_frame="reencode"))
     totals = _totals(records, 3.0, stats, sampler)
