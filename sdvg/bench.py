@@ -315,10 +315,7 @@ class BenchSettings:
 @dataclass
 class RunMeasure:
     wall: float
-    busy: float
-    in_calls: float
-    counts: dict[str, int]
-    call_seconds: dict[str, float]
+    busy: float  # |union of the traced call intervals|
     phases: dict[str, float]
     per_block: list[float]
     decisions: list[str]
@@ -328,6 +325,24 @@ class RunMeasure:
     segments: list[float] = field(default_factory=list)
     # Every traced call in order: (kind, signature, seconds).
     calls: list[tuple[str, tuple, float]] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = {k: 0 for k in CALL_KINDS}
+        for kind, _sig, _sec in self.calls:
+            out[kind] += 1
+        return out
+
+    @property
+    def call_seconds(self) -> dict[str, float]:
+        out = {k: 0.0 for k in CALL_KINDS}
+        for kind, _sig, sec in self.calls:
+            out[kind] += sec
+        return out
+
+    @property
+    def in_calls(self) -> float:
+        return sum(sec for _kind, _sig, sec in self.calls)
 
 
 def _configs(v: Variant, s: BenchSettings, pattern_seed: int):
@@ -400,11 +415,6 @@ class LiveRun:
 
     def measure(self) -> RunMeasure:
         result, events = self.result, self.events
-        counts = {k: 0 for k in CALL_KINDS}
-        secs = {k: 0.0 for k in CALL_KINDS}
-        for kind, a, b, _sig in events:
-            counts[kind] += 1
-            secs[kind] += b - a
         phases = {p: 0.0 for p in PHASES}
         per_block = []
         for r in result.blocks:
@@ -412,8 +422,8 @@ class LiveRun:
             for k, val in r.timings.items():
                 phases[k] = phases.get(k, 0.0) + val
         return RunMeasure(
-            wall=sum(self.segments), busy=busy_seconds([(a, b) for _, a, b, _ in events]), in_calls=sum(secs.values()),
-            counts=counts, call_seconds=secs, phases=phases, per_block=per_block,
+            wall=sum(self.segments), busy=busy_seconds([(a, b) for _, a, b, _ in events]), phases=phases,
+            per_block=per_block,
             decisions=[r.decision for r in result.blocks], produced_by=[r.produced_by for r in result.blocks],
             segments=list(self.segments),
             calls=[(kind, sig, b - a) for kind, a, b, sig in sorted(events, key=lambda e: e[1])],
@@ -629,7 +639,7 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
     runs *together with its own target-only run*, one block of each in turn (:class:`LiveRun`): a row's blocks and
     its baseline's blocks run within about a second of each other, so the machine's bursts hit both; the row's
     speedup compares it with those baseline runs block by block (:func:`paired_speedup`). ``interleave = 0`` runs
-    every run on its own (what the real-size profile does: concurrent KV caches of a 14B model do not fit twice).
+    every run on its own (what the real-size profile does: more live 14B KV caches need not fit on every GPU).
     """
     variants = _select(variants if variants is not None else default_variants(s.profile, s.levels), s.only)
     base = next((v for v in variants if v.router == "target-only" and v.baseline_key == "recompute/constant"), None)
@@ -803,8 +813,8 @@ def _finish_report(rows, variants, measured, s: BenchSettings, device, extra,
             row["speedup"], row["speedup_estimator"] = row["speedup_segment"], "segment minimum"
         row["efficiency"] = row["speedup"] / row["bound"] if row["speedup"] and row["bound"] else None
         row["model_time_share"] = pred / row["wall_s"] if row["wall_s"] else None
-        # > 1: this row's calls ran slower than the same calls elsewhere in the run (interference or machine noise);
-        # efficiency ≈ (1 − overhead) / call_slowdown when the baseline has neither
+        # > 1: this row's calls ran slower than the same calls elsewhere in the run (the pipelined rows' two threads,
+        # or machine noise, which the paired speedup cancels and this unpaired ratio does not)
         own = CostModel.from_runs(runs)
         row["call_slowdown"] = own.predict(runs[0].calls) / pred if pred > 0 else None
     rec = tables.get("recompute", pooled).by_kind
@@ -879,7 +889,8 @@ def evaluate_goals(report: dict) -> dict:
     return {
         "efficiency_min": min(eff) if eff else None,
         "efficiency_ok": bool(eff) and min(eff) >= GOAL_EFFICIENCY,
-        # the same sweep with whole-run walls (median, fastest): how much the wall estimator matters on this machine
+        # the same sweep with the unpaired walls (segment minimum, median, fastest whole run): how much the estimator
+        # matters on this machine
         **{f"{key}_min": (min(v) if v else None) for key, v in cross.items()},
         "overhead_max": max(ovh) if ovh else None,
         "overhead_ok": bool(ovh) and max(ovh) <= GOAL_OVERHEAD,

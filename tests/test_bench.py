@@ -16,11 +16,8 @@ from sdvg.router import Router, RouterConfig
 
 
 def measure(calls: list[tuple[str, tuple, float]], wall: float, segments: list[float] | None = None) -> bench.RunMeasure:
-    counts = {k: sum(1 for c in calls if c[0] == k) for k in bench.CALL_KINDS}
-    secs = {k: sum(c[2] for c in calls if c[0] == k) for k in bench.CALL_KINDS}
-    return bench.RunMeasure(wall=wall, busy=sum(secs.values()), in_calls=sum(secs.values()), counts=counts,
-                            call_seconds=secs, phases={}, per_block=[], decisions=[], produced_by=[],
-                            segments=segments or [], calls=calls)
+    return bench.RunMeasure(wall=wall, busy=sum(c[2] for c in calls), phases={}, per_block=[], decisions=[],
+                            produced_by=[], segments=segments or [], calls=calls)
 
 
 def test_cost_model_prices_calls_by_signature_with_medians():
