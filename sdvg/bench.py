@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 
+from .devices import set_cpu_threads
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -1244,15 +1245,6 @@ def cmd_bench(args) -> int:
     return _cmd_tiny(args, s, log)
 
 
-def _set_threads(n: int | None, default: int | None) -> int:
-    n = n if n is not None else default
-    if n is not None:
-        if n < 1:
-            raise ConfigError("--threads must be ≥ 1.")
-        torch.set_num_threads(n)
-    return torch.get_num_threads()
-
-
 def _emit(report: dict, args, log) -> None:
     sys.stdout.write(format_table(report) + "\n")  # CLI output of the command
     if args.json:
@@ -1278,7 +1270,7 @@ def _cmd_tiny(args, s: BenchSettings, log) -> int:
     from .tiny import ensure_tiny
 
     device = resolve_device(args.device or "cpu", what="bench models")
-    s.threads = _set_threads(args.threads, 1 if device.type == "cpu" else None)
+    s.threads = set_cpu_threads(args.threads, 1 if device.type == "cpu" else None)
     models_dir = args.models
     if models_dir is None:
         models_dir, created = ensure_tiny()
@@ -1318,7 +1310,7 @@ def _cmd_real_size(args, s: BenchSettings, log) -> int:
             "45 GB). This machine has none. Use `--profile real-size --dry-run` to print the memory plan on the CPU, "
             "or `--profile tiny` to benchmark here."
         )
-    s.threads = _set_threads(args.threads, None)
+    s.threads = set_cpu_threads(args.threads)
     t0 = time.perf_counter()
     models = build_real_size_models(device, spec)
     build_s = time.perf_counter() - t0

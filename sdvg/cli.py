@@ -176,10 +176,9 @@ def cmd_generate(args) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr)
 
-    if args.threads:
-        import torch
+    from .devices import set_cpu_threads
 
-        torch.set_num_threads(args.threads)
+    set_cpu_threads(args.threads)
     router = router_config_from_args(args)
     router.validate()
     models, tiny = resolve_models(args, need=roles_needed(router.mode), log=log)

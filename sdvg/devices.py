@@ -76,3 +76,15 @@ def parse_dtype(name: str | torch.dtype | None, *, default: torch.dtype) -> torc
 def default_compute_dtype(device: torch.device) -> torch.dtype:
     """bf16 on CUDA (the reference dtype of both DiTs), fp32 on CPU/MPS where bf16 matmuls are slow or absent."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def set_cpu_threads(n: int | None, default: int | None = None) -> int:
+    """Set torch's intra-op CPU threads to ``n`` (or ``default`` when ``n`` is None; both None: torch's choice) and
+    return the number in force. ``n`` < 1 is a ConfigError that names the option."""
+    n = n if n is not None else default
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"--threads must be a whole number ≥ 1, got {n!r}.")
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+

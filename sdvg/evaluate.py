@@ -39,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from .devices import set_cpu_threads
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -540,10 +541,7 @@ def cmd_eval(args) -> int:
     metrics = [load_metric(spec) for spec in args.metric]
     models, tiny = resolve_models(args, need=("drafter", "target", "vae", "text_encoder", "reward"), log=log)
     dev = models.target_device
-    threads = getattr(args, "threads", None)
-    threads = threads if threads is not None else (1 if dev is not None and dev.type == "cpu" else None)
-    if threads is not None:
-        torch.set_num_threads(threads)
+    set_cpu_threads(getattr(args, "threads", None), 1 if dev is not None and dev.type == "cpu" else None)
     config = SamplerConfig(
         num_blocks=args.blocks or (3 if tiny else 7),
         width=args.width or (TINY_WIDTH if tiny else 832), height=args.height or (TINY_HEIGHT if tiny else 480),

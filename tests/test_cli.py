@@ -55,7 +55,7 @@ def test_missing_file_is_named(tmp_path, capsys):
     assert str(missing) in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad", [["--width", "50"], ["--tau", "nan"]])
+@pytest.mark.parametrize("bad", [["--width", "50"], ["--tau", "nan"], ["--threads", "0"]])
 def test_bad_settings_exit_with_a_message(tiny_dir, tmp_path, bad):
     proc = subprocess.run(
         [sys.executable, "-m", "sdvg", "generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu",
@@ -63,7 +63,7 @@ def test_bad_settings_exit_with_a_message(tiny_dir, tmp_path, bad):
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2
-    assert ("multiples of 16" in proc.stderr) or ("NaN" in proc.stderr)
+    assert ("multiples of 16" in proc.stderr) or ("NaN" in proc.stderr) or ("--threads must be" in proc.stderr)
     assert not (tmp_path / "v.mp4").exists()
 
 
@@ -97,3 +97,21 @@ def test_ctrl_c_writes_the_partial_video_and_report(tiny_dir, tmp_path):
     assert 2 <= finished < 40
     assert read_mp4_frame_count(out) == 12 * finished - 3
     assert "(partial)" in stdout
+
+
+def test_set_cpu_threads_sets_validates_and_keeps_torch_choice_without_a_number():
+    import torch
+
+    from sdvg.devices import set_cpu_threads
+    from sdvg.errors import ConfigError
+
+    before = torch.get_num_threads()
+    try:
+        assert set_cpu_threads(None) == before  # nothing asked: torch's choice stays
+        assert set_cpu_threads(None, 1) == 1 == torch.get_num_threads()
+        assert set_cpu_threads(2, 1) == 2
+        for bad in (0, -3, 1.5, True):
+            with pytest.raises(ConfigError, match="--threads"):
+                set_cpu_threads(bad)
+    finally:
+        torch.set_num_threads(before)
