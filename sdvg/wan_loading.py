@@ -538,7 +538,6 @@ def _infer_config(src: _Source, layout: str, stripped: dict[str, tuple[int, ...]
             "ffn": "blocks.0.ffn.0.weight",
             "out": "head.head.weight",
         }
-        block_re = re.compile(r"^blocks\.(\d+)\.")
     else:
         names = {
             "text": "condition_embedder.text_embedder.linear_1.weight",
@@ -546,7 +545,7 @@ def _infer_config(src: _Source, layout: str, stripped: dict[str, tuple[int, ...]
             "ffn": "blocks.0.ffn.net.0.proj.weight",
             "out": "proj_out.weight",
         }
-        block_re = re.compile(r"^blocks\.(\d+)\.")
+    block_re = re.compile(r"^blocks\.(\d+)\.")  # the same in both layouts
     required = ["patch_embedding.weight", *names.values()]
     missing = [k for k in required if k not in stripped]
     if missing:
