@@ -578,9 +578,10 @@ def steady_start(regime: str, schedule: str, window: int = 12) -> int:
 
 
 def _growth(per_block: Sequence[float], start: int = 1) -> float | None:
-    """mean(second half of the steady blocks) / mean(first half) − 1: 0 means flat."""
+    """mean(second half of the steady blocks) / mean(first half) − 1: 0 means flat. None with fewer than 4 steady
+    blocks (a half of one block says nothing about a trend)."""
     xs = list(per_block[start:])
-    if len(xs) < 2:
+    if len(xs) < 4:
         return None
     k = len(xs) // 2
     first, last = statistics.fmean(xs[:k]), statistics.fmean(xs[-k:])

@@ -309,3 +309,8 @@ def test_estimator_spread_script_on_a_synthetic_bursty_report(tmp_path, capsys):
     (tmp_path / "r.json").write_text(json.dumps(report))
     assert mod.main([str(tmp_path / "r.json"), "--draws", "20"]) == 0
     assert "segment-min" in capsys.readouterr().out
+
+
+def test_flatness_needs_at_least_four_steady_blocks():
+    assert bench._growth([1.0, 2.0, 2.2], start=1) is None  # two steady blocks: no verdict
+    assert bench._growth([1.0, 2.0, 2.0, 3.0, 3.0], start=1) == pytest.approx(0.5)
