@@ -200,9 +200,9 @@ class SDVGSpeculativeSampler(io.ComfyNode):
         target: DiTHandle | None = None,
         reward=None,
     ) -> io.NodeOutput:
-        from ..sdvg.causal import CacheConfig, CacheRegime
         from ..sdvg.errors import ConfigError
         from ..sdvg.pipeline import SDVGModels
+        from ..sdvg.regimes import CacheConfig, CacheRegime
         from ..sdvg.sampler import SamplerConfig, SpeculativeSampler
 
         if schedule not in SCHEDULES:

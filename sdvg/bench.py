@@ -64,6 +64,7 @@ import torch
 
 from .devices import set_cpu_threads
 from .errors import ConfigError
+from .fixtures.random_models import RealSizeSpec, build_real_size_models
 
 logger = logging.getLogger(__name__)
 
@@ -270,11 +271,11 @@ def peak_rss_bytes() -> int:
 
 def kv_bytes_for(model, regime: str, num_frames: int, latent_hw: tuple[int, int], window: int, sinks: int) -> int:
     """Self-attention KV-cache bytes the sampler allocates for ``model`` (the denoiser's own capacity rule)."""
-    from .causal import BlockDenoiser, CacheConfig
     from .kv_cache import kv_cache_nbytes
+    from .regimes import CacheConfig
 
     cache = CacheConfig(regime=regime, window_frames=window, sink_frames=sinks)
-    cap, _, _ = BlockDenoiser(model, cache, name="plan")._capacity(num_frames)
+    cap = cache.policy().layout(num_frames).capacity_frames
     return kv_cache_nbytes(
         num_layers=len(model.blocks), capacity_frames=cap, tokens_per_frame=model.tokens_per_frame(*latent_hw),
         heads=model.num_heads, head_dim=model.head_dim, dtype=model.compute_dtype,
@@ -347,7 +348,7 @@ class RunMeasure:
 
 
 def _configs(v: Variant, s: BenchSettings, pattern_seed: int):
-    from .causal import CacheConfig
+    from .regimes import CacheConfig
     from .router import RouterConfig
     from .sampler import SamplerConfig
 
@@ -1036,90 +1037,6 @@ def _dashed(d, a, b, color, dash: float = 6.0) -> None:
 REAL_WIDTH, REAL_HEIGHT = 832, 480
 
 
-@dataclass
-class RealSizeSpec:
-    drafter: str = "1.3B"
-    target: str = "14B"
-    vae_base_dim: int = 96
-    reward: str = "v1.0"
-    dtype: torch.dtype = torch.bfloat16
-    text_len: int = 512
-    text_dim: int = 4096
-
-
-def _random_dit(config: dict, device: torch.device, dtype: torch.dtype, seed: int):
-    """A CausalWanTransformer with random weights built directly on ``device`` (meta shell + per-tensor init)."""
-    from .wan_loading import _empty_model, _target_dtypes, build_dit_from_state_dict
-
-    shell = _empty_model(config)
-    if device.type == "meta":  # shapes and dtypes only (the memory plan)
-        for name, want in _target_dtypes(shell, dtype).items():
-            param = shell.get_parameter(name)
-            param.data = param.data.to(want)
-        return shell.eval().requires_grad_(False)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    sd = {}
-    for key, t in shell.state_dict().items():
-        if "norm" in key and key.endswith("weight"):
-            sd[key] = torch.ones(t.shape, device=device, dtype=dtype)
-        elif key.endswith("bias"):
-            sd[key] = torch.zeros(t.shape, device=device, dtype=dtype)
-        else:
-            sd[key] = torch.randn(t.shape, device=device, dtype=dtype, generator=gen).mul_(0.02)
-    return build_dit_from_state_dict(sd, config, dtype=dtype, device=device, name="random")
-
-
-def _random_vae(base_dim: int, device: torch.device, dtype: torch.dtype):
-    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
-
-    from .vae import TINY_VAE_CONFIG, StreamingVAE
-
-    cfg = {**TINY_VAE_CONFIG, "base_dim": base_dim}
-    with torch.device(device):
-        model = AutoencoderKLWan(**cfg)
-    return StreamingVAE(model.to(dtype=dtype))
-
-
-def _random_reward(config, device: torch.device, dtype: torch.dtype = torch.float32):
-    import tempfile
-
-    from .reward import ImageReward, build_modules, load_tokenizer, tiny_vocab
-
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab = Path(tmp) / "vocab.txt"
-        vocab.write_text("\n".join(tiny_vocab()) + "\n", encoding="utf-8")
-        tok = load_tokenizer(vocab)
-    with torch.device(device):
-        vision, text = build_modules(config)
-        model = ImageReward(config, tok, vision=vision, text=text)
-    if device.type != "meta":
-        model.to(dtype=dtype)
-        model.mlp.float()
-    return model
-
-
-def build_real_size_models(device: torch.device, spec: RealSizeSpec | None = None, *, configs: dict | None = None):
-    """Drafter 1.3B + target 14B DiTs (bf16), the Wan 2.1 VAE (base_dim 96, bf16) and ImageReward v1.0 (fp32, as the
-    pipeline loads it), all with random weights, built on ``device`` (``meta``: shapes only). ``configs`` overrides
-    the DiT/VAE/reward configs (tests use tiny ones to exercise this code on the CPU)."""
-    from .pipeline import SDVGModels
-    from .reward import ImageRewardConfig
-    from .wan_loading import config_for_size
-
-    spec = spec or RealSizeSpec()
-    configs = configs or {}
-    drafter_cfg = configs.get("drafter") or config_for_size(spec.drafter)
-    target_cfg = configs.get("target") or config_for_size(spec.target)
-    reward_cfg = configs.get("reward") or ImageRewardConfig()
-    return SDVGModels(
-        target=_random_dit(target_cfg, device, spec.dtype, seed=2),
-        drafter=_random_dit(drafter_cfg, device, spec.dtype, seed=1),
-        vae=_random_vae(configs.get("vae_base_dim", spec.vae_base_dim), device, spec.dtype),
-        text_encoder=None,
-        reward=_random_reward(reward_cfg, device),
-    )
-
-
 def _param_bytes(module) -> tuple[int, int]:
     n = sum(p.numel() for p in module.parameters())
     b = sum(p.numel() * p.element_size() for p in module.parameters())
@@ -1267,8 +1184,8 @@ def _json_default(obj):
 
 def _cmd_tiny(args, s: BenchSettings, log) -> int:
     from .devices import resolve_device
+    from .fixtures.tiny import ensure_tiny
     from .pipeline import load_models
-    from .tiny import ensure_tiny
 
     device = resolve_device(args.device or "cpu", what="bench models")
     s.threads = set_cpu_threads(args.threads, 1 if device.type == "cpu" else None)

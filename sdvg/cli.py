@@ -87,8 +87,8 @@ def router_config_from_args(args):
 
 def resolve_models(args, *, need: tuple[str, ...], log=None):
     """Load the models the run needs; without --models or explicit files, use (and create) the tiny preset."""
+    from .fixtures.tiny import ensure_tiny, is_tiny_tree
     from .pipeline import load_models
-    from .tiny import ensure_tiny, is_tiny_tree
 
     explicit = {k: getattr(args, k) for k in ("drafter", "target", "vae", "text_encoder", "reward")}
     models_dir, tiny = args.models, False
@@ -110,23 +110,24 @@ def resolve_models(args, *, need: tuple[str, ...], log=None):
 
 
 def sampler_config_from_args(args, tiny: bool):
-    from .causal import CacheConfig, CacheRegime
-    from .sampler import SamplerConfig, blocks_for_frames
+    from .blocks import blocks_for_frames
+    from .regimes import CacheConfig, CacheRegime
+    from .sampler import SamplerConfig
 
     blocks = args.blocks if args.blocks is not None else (blocks_for_frames(args.frames) if args.frames else 7)
-    from .tiny import TINY_HEIGHT, TINY_WIDTH
+    from .fixtures.tiny import TINY_HEIGHT, TINY_WIDTH
 
     return SamplerConfig(
         num_blocks=blocks,
         width=args.width or (TINY_WIDTH if tiny else 832),
         height=args.height or (TINY_HEIGHT if tiny else 480),
         seed=args.seed,
-        cache=CacheConfig(regime=CacheRegime(args.cache), window_frames=args.window, sink_frames=args.sinks),
+        cache=CacheConfig(regime=CacheRegime(args.cache), window_frames=args.window, sink_frames=args.sinks,
+                          first_frame=args.first_frame),
         schedule=_parse_schedule(args.schedule),
         pipelined=args.pipelined,
         refine_from_step=args.refine_from_step,
         num_frames=args.frames,
-        first_frame=args.first_frame,
     )
 
 
@@ -222,7 +223,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_make_tiny(args) -> int:
-    from .tiny import make_tiny
+    from .fixtures.tiny import make_tiny
 
     paths = make_tiny(args.dir)
     for role, path in paths.items():

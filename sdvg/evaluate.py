@@ -524,10 +524,10 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_eval(args) -> int:
-    from .causal import CacheConfig
     from .cli import resolve_models
+    from .fixtures.tiny import TINY_HEIGHT, TINY_WIDTH
+    from .regimes import CacheConfig
     from .sampler import SamplerConfig
-    from .tiny import TINY_HEIGHT, TINY_WIDTH
 
     def log(msg: str) -> None:
         sys.stderr.write(msg + "\n")  # CLI output of the command

@@ -99,11 +99,6 @@ class SelfKVCache:
         """Views ``(k, v)`` of layer ``i``: ``[B, capacity_tokens, heads, head_dim]``."""
         return self.k[i], self.v[i]
 
-    def slot_of(self, frame: int) -> int | None:
-        """Frame slot holding logical ``frame`` or None."""
-        pos = bisect.bisect_left(self._frames, frame)
-        return pos if pos < len(self._frames) and self._frames[pos] == frame else None
-
     def reset(self) -> None:
         """Forget all frames (no memory is touched or freed)."""
         self._frames.clear()

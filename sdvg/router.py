@@ -22,6 +22,11 @@ Threshold rules (``q`` is the aggregated block score, accept iff ``q >= threshol
 * ``relative``: threshold = ``reference - delta`` where the reference is the aggregated score of the target's own
   output for the first target block (block 0). Until a reference is observed, ``forced_target`` sends blocks to
   the target (so block 0 sets it even without ``force_reject_first``); a draft decided without one is rejected.
+
+Modes without a threshold: ``random`` accepts the i-th drafted block when the i-th draw of ``random.Random(seed)``
+is below ``random_rate``; ``pattern`` accepts it when ``pattern[i]`` is true (an exact, reproducible acceptance
+pattern, e.g. for benchmarks and matched-acceptance baselines). With ``score_drafts`` both still score every draft
+(the cost and the scores of a real run, recorded in the report) but decide as before.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigError
+from .jsonable import to_jsonable
 
-MODES = ("reward", "random", "draft-only", "target-only")
+MODES = ("reward", "random", "draft-only", "target-only", "pattern")
 AGGREGATIONS = ("min", "mean", "quantile")
 THRESHOLDS = ("fixed", "target-rate", "relative")
 MAX_EFFECTIVE_RATE = 0.95
@@ -59,7 +65,9 @@ class RouterConfig:
     random_rate: float = 0.5  # acceptance probability in random mode
     seed: int = 0
     early_exit: bool = False
-    num_blocks: int | None = None  # known length of the generation (target-rate correction)
+    num_blocks: int | None = None  # known length of the generation (target-rate correction, pattern length)
+    pattern: tuple[bool, ...] | None = None  # pattern mode: the decision for the i-th drafted block (True = accept)
+    score_drafts: bool = False  # random / pattern mode: score every draft anyway (the decision stays the same)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RouterConfig:
@@ -70,7 +78,15 @@ class RouterConfig:
         return cls(**dict(data)).validate()
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: _json_float(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        return to_jsonable(asdict(self))
+
+    @property
+    def drafted_blocks(self) -> int | None:
+        """How many blocks get a draft, when the length is known (block 0 is the target's by default)."""
+        if self.num_blocks is None or self.mode == "target-only":
+            return None if self.num_blocks is None else 0
+        forced_first = self.force_reject_first and self.mode != "draft-only"
+        return self.num_blocks - (1 if forced_first else 0)
 
     def validate(self) -> RouterConfig:
         """Check every setting; raises ConfigError naming the bad value and the valid choices. Returns self."""
@@ -104,10 +120,36 @@ class RouterConfig:
             isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
         ):
             raise ConfigError(f"Router num_blocks must be a positive integer or None, got {self.num_blocks!r}.")
-        for name in ("force_reject_first", "early_exit"):
+        for name in ("force_reject_first", "early_exit", "score_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Router {name} must be true or false, got {getattr(self, name)!r}.")
+        self._validate_pattern()
         return self
+
+    def _validate_pattern(self) -> None:
+        if self.mode != "pattern":
+            if self.pattern is not None:
+                raise ConfigError(f"Router pattern is only used in mode 'pattern', not in mode {self.mode!r}.")
+            return
+        if self.pattern is None or isinstance(self.pattern, str) or not all(isinstance(x, bool) for x in self.pattern):
+            raise ConfigError(
+                f"Router mode 'pattern' needs pattern = a list of true/false per drafted block, got {self.pattern!r}."
+            )
+        self.pattern = tuple(self.pattern)
+        if self.threshold == "relative":
+            raise ConfigError("Router mode 'pattern' decides by the pattern; the relative threshold does not apply.")
+        want = self.drafted_blocks
+        if want is not None and len(self.pattern) != want:
+            raise ConfigError(
+                f"Router pattern has {len(self.pattern)} entries but {self.num_blocks} blocks give {want} drafted "
+                f"block(s){' (block 0 is the target' + chr(39) + 's)' if self.force_reject_first else ''}: give one "
+                "entry per drafted block."
+            )
+
+    @property
+    def scores_drafts(self) -> bool:
+        """Whether every draft is decoded and scored with the reward model."""
+        return self.mode == "reward" or (self.score_drafts and self.mode in ("random", "pattern"))
 
 
 @dataclass
@@ -128,30 +170,11 @@ class RouteRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict: non-finite floats become the strings "inf", "-inf" or "nan" (strict JSON has none)."""
-        return {
-            "block": self.block,
-            "decision": self.decision,
-            "reason": self.reason,
-            "q": _json_float(self.q),
-            "scores": [_json_float(s) for s in self.scores],
-            "tau": _json_float(self.tau),
-            "aggregation": self.aggregation,
-        }
+        return to_jsonable(asdict(self))
 
 
 def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _json_float(value: float | None) -> float | str | None:
-    if value is None:
-        return None
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
 
 
 def _fmt(value: float) -> str:
@@ -202,6 +225,7 @@ class Router:
         self.history: list[float] = []  # aggregated scores of drafted blocks, in decision order
         self.reference: float | None = None
         self.records: list[RouteRecord] = []
+        self._drafted = 0  # drafted blocks decided so far (the index into the random draws / the pattern)
 
     # ---- questions the sampler asks ------------------------------------------------------------------------
     def forced_target(self, block: int) -> str | None:
@@ -216,7 +240,7 @@ class Router:
         return None
 
     def needs_scores(self, block: int) -> bool:
-        return self.config.mode == "reward" and self.forced_target(block) is None
+        return self.config.scores_drafts and self.forced_target(block) is None
 
     def wants_reference_score(self, block: int) -> bool:
         return self.config.mode == "reward" and self.config.threshold == "relative" and self.reference is None
@@ -295,17 +319,29 @@ class Router:
             return self.forced_record(block, forced)
         if c.mode == "draft-only":
             return self._record(RouteRecord(block, "accept", "draft-only mode", scores=to_float_list(scores)))
-        if c.mode == "random":
-            draw = self._rng.random()
-            ok = draw < c.random_rate
-            reason = f"random draw {draw:.3f} {'<' if ok else '≥'} rate {c.random_rate:.2f}"
-            return self._record(
-                RouteRecord(block, "accept" if ok else "reject", reason, scores=to_float_list(scores))
-            )
+        if c.mode in ("random", "pattern"):
+            return self._record(self._decide_unthresholded(block, to_float_list(scores)))
         values = to_float_list(scores)
         if not values:
             raise ConfigError(f"Router in reward mode needs the frame scores of block {block}; got none.")
         return self._record(self._decide_scores(block, values))
+
+    def _decide_unthresholded(self, block: int, values: list[float]) -> RouteRecord:
+        """Random or pattern decision for the next drafted block; scores (when drafts are scored) are recorded."""
+        c = self.config
+        i, self._drafted = self._drafted, self._drafted + 1
+        if c.mode == "random":
+            draw = self._rng.random()
+            ok = draw < c.random_rate
+            reason = f"random draw {draw:.3f} {'<' if ok else '≥'} rate {c.random_rate:.2f}"
+        else:
+            if i >= len(c.pattern):
+                raise ConfigError(f"Router pattern has {len(c.pattern)} entries; block {block} is drafted block {i}.")
+            ok = c.pattern[i]
+            reason = f"pattern entry {i}: {'accept' if ok else 'reject'}"
+        q = aggregate(values, c.aggregation, c.q) if values else None
+        agg = c.aggregation if values else None
+        return RouteRecord(block, "accept" if ok else "reject", reason, q=q, scores=values, aggregation=agg)
 
     def _decide_scores(self, block: int, values: list[float], *, note: str = "") -> RouteRecord:
         c = self.config
@@ -349,6 +385,4 @@ class Router:
         else:
             for chunk in iterator:
                 values.extend(to_float_list(chunk))
-        if not values:
-            raise ConfigError(f"Router in reward mode needs the frame scores of block {block}; got none.")
-        return self._record(self._decide_scores(block, values))
+        return self.decide(block, values)

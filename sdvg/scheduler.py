@@ -18,6 +18,7 @@ import torch
 
 from .errors import ConfigError
 
+SCHEDULES = ("constant", "diagonal")  # named schedules; a list of timesteps (or of lists) is the custom one
 SELF_FORCING_STEPS: tuple[float, ...] = (1000.0, 750.0, 500.0, 250.0)
 # Diagonal Distillation released-code lists (raw values; 357.14 is the warp of 100). Snapped to the table.
 DIAGONAL_STEPS: tuple[tuple[float, ...], ...] = (
@@ -210,3 +211,24 @@ def renoise(x0: torch.Tensor, eps: torch.Tensor, sigma_next: float) -> torch.Ten
     ct = _compute_dtype(x0.dtype)
     s = float(sigma_next)
     return ((1.0 - s) * x0.to(ct) + s * eps.to(ct)).to(x0.dtype)
+
+
+class NoiseBank:
+    """A run's block noise: sampled once per block and moved once per (device, dtype), so the drafter and a
+    rejecting target get exactly the same ``z_b`` and ``ε_b,*`` (SPEC §1 step 5)."""
+
+    def __init__(self, seed: int, block_shape: tuple[int, ...], schedule: Sequence[Sequence[float]]) -> None:
+        self.seed = seed
+        self.block_shape = block_shape
+        self.schedule = schedule
+        self._noise: dict[tuple[int, torch.device, torch.dtype], BlockNoise] = {}
+
+    def get(self, block: int, device: torch.device, dtype: torch.dtype) -> BlockNoise:
+        key = (block, device, dtype)
+        if key not in self._noise:
+            # keep the previous block too: pipelined drafting of b + 1 may be followed by the target redoing b
+            self._noise = {k: v for k, v in self._noise.items() if k[0] >= block - 1}
+            self._noise[key] = sample_block_noise(
+                self.seed, block, self.block_shape, len(self.schedule[block]), device=device, dtype=dtype
+            )
+        return self._noise[key]

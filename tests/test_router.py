@@ -315,3 +315,47 @@ def test_acceptance_fraction():
     r.decide(2, [-1.0])
     r.decide(3, [2.0])
     assert r.acceptance == pytest.approx(0.5)
+
+
+# ---- pattern mode ---------------------------------------------------------------------------------------------
+
+
+def test_pattern_mode_decides_each_drafted_block_by_its_entry():
+    cfg = RouterConfig(mode="pattern", pattern=(True, False, True), num_blocks=4).validate()
+    router = Router(cfg)
+    assert router.forced_target(0) == FORCE_FIRST_REASON and not router.needs_scores(1)
+    decisions = [router.decide(b).decision for b in range(1, 4)]
+    assert decisions == ["accept", "reject", "accept"]
+    assert all(r.q is None and r.scores == [] for r in router.records)
+
+
+def test_pattern_mode_can_score_drafts_without_changing_the_decision():
+    cfg = RouterConfig(mode="pattern", pattern=(False, True), score_drafts=True, num_blocks=3).validate()
+    router = Router(cfg)
+    assert router.needs_scores(1) and not router.needs_scores(0)
+    low = router.decide(1, scores_of(-9.0, -8.0))  # far below any τ, rejected by the pattern anyway
+    high = router.decide(2, scores_of(-9.0, 5.0))  # worst frame -9, accepted by the pattern
+    assert (low.decision, high.decision) == ("reject", "accept")
+    assert high.q == -9.0 and high.scores == [-9.0, 5.0] and high.tau is None
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"mode": "pattern"}, "pattern"),
+        ({"mode": "pattern", "pattern": "AR"}, "true/false"),
+        ({"mode": "pattern", "pattern": (True, 1)}, "true/false"),
+        ({"mode": "pattern", "pattern": (True,), "num_blocks": 3}, "2 drafted"),
+        ({"mode": "pattern", "pattern": (True, True, True), "num_blocks": 3}, "one entry per drafted block"),
+        ({"mode": "reward", "pattern": (True,)}, "only used in mode 'pattern'"),
+        ({"mode": "pattern", "pattern": (True,), "threshold": "relative"}, "relative"),
+        ({"mode": "pattern", "pattern": (True,), "score_drafts": "yes"}, "true or false"),
+    ],
+)
+def test_pattern_mode_validation(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        RouterConfig(**kw).validate()
+
+
+def test_pattern_length_counts_block_zero_when_it_is_drafted():
+    assert RouterConfig(mode="pattern", pattern=(True,) * 3, num_blocks=3, force_reject_first=False).validate()

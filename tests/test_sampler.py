@@ -7,20 +7,25 @@ import math
 import pytest
 import torch
 
-from sdvg.causal import BlockDenoiser, BlockHistory, CacheConfig, CacheRegime, HistoryBlock
+from sdvg.blocks import pixel_frames_for_blocks
+from sdvg.causal import BlockDenoiser, BlockHistory, HistoryBlock
 from sdvg.errors import ConfigError
+from sdvg.regimes import CacheConfig, CacheRegime
 from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler, pixel_frames_for_blocks
+from sdvg.sampler import SamplerConfig, SpeculativeSampler
 from sdvg.scheduler import sample_block_noise
 
 PROMPT = "a red fox running through snow"
 REGIMES = [CacheRegime.RECOMPUTE, CacheRegime.GLOBAL, CacheRegime.NOISY]
 
 
-def run(models, *, mode="reward", tau=-0.7, regime=CacheRegime.RECOMPUTE, blocks=4, seed=0, **kw):
-    router_kw = {k: kw.pop(k) for k in list(kw) if k in ("random_rate", "force_reject_first", "aggregation", "threshold")}
+def run(models, *, mode="reward", tau=-0.7, regime=CacheRegime.RECOMPUTE, blocks=4, seed=0, first_frame="reencode",
+        **kw):
+    router_keys = ("random_rate", "force_reject_first", "aggregation", "threshold", "pattern", "score_drafts")
+    router_kw = {k: kw.pop(k) for k in list(kw) if k in router_keys}
     router = RouterConfig(mode=mode, tau=tau, seed=seed, **router_kw)
-    config = SamplerConfig(num_blocks=blocks, width=64, height=64, seed=seed, cache=CacheConfig(regime=regime), **kw)
+    cache = CacheConfig(regime=regime, first_frame=first_frame)
+    config = SamplerConfig(num_blocks=blocks, width=64, height=64, seed=seed, cache=cache, **kw)
     return SpeculativeSampler(models, router, config).run(PROMPT)
 
 
@@ -186,22 +191,18 @@ def test_target_only_estimate_prices_forwards_decodes_and_reencodes_apart():
     """The report's estimated target-only time: (steps + refill) forwards per block at the mean target forward time,
     one decode per block, and one first-frame re-encode per block from block 2 on (recompute regime), each priced
     by its own measured mean — the encode time is not folded into the forwards."""
-    from types import SimpleNamespace
-
-    from sdvg.causal import CacheRegime
-    from sdvg.sampler import BlockRecord, _totals
+    from sdvg.meter import estimate_totals
+    from sdvg.results import BlockRecord
 
     records = [BlockRecord(block=b, decision="accept", reason="", produced_by="target", steps=4,
                            timings={"decode": 0.1}) for b in range(4)]
     stats = {"target": {"seconds": 1.9, "calls": 19}, "encode": {"seconds": 0.4, "calls": 2}}
-    sampler = SimpleNamespace(config=SimpleNamespace(num_blocks=4, cache=SimpleNamespace(regime=CacheRegime.RECOMPUTE),
-                                                     first_frame="reencode"))
-    totals = _totals(records, 3.0, stats, sampler)
+    totals = estimate_totals(records, 3.0, stats, CacheConfig("recompute", first_frame="reencode").policy(), 4)
     # 4 + 3 × (4 + 1) = 19 forwards × 0.1 s, 4 decodes × 0.1 s, 2 encodes × 0.2 s
     assert totals["est_target_only_s"] == pytest.approx(1.9 + 0.4 + 0.4)
     assert totals["forward_s"] == {"target": pytest.approx(0.1), "encode": pytest.approx(0.2)}
-    sampler.config.first_frame = "latent"
-    assert _totals(records, 3.0, stats, sampler)["est_target_only_s"] == pytest.approx(1.9 + 0.4)
+    latent = CacheConfig("recompute", first_frame="latent").policy()
+    assert estimate_totals(records, 3.0, stats, latent, 4)["est_target_only_s"] == pytest.approx(1.9 + 0.4)
 
 
 def test_reencodes_are_timed_apart_from_the_target_forwards(tiny_models):
@@ -211,3 +212,15 @@ def test_reencodes_are_timed_apart_from_the_target_forwards(tiny_models):
     # (blocks 2 and 3), up to the few microseconds between the two clocks
     assert 19 * fs["target"] + 2 * fs["encode"] == pytest.approx(target_phase, abs=2e-3)
     assert fs["encode"] > 0 and fs["target"] > 0
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.value)
+def test_pattern_routing_realizes_the_pattern_and_scores_only_when_asked(tiny_models, regime):
+    pattern = (True, False, False, True, True)
+    res = run(tiny_models, mode="pattern", blocks=6, regime=regime, pattern=pattern)
+    assert [b.decision == "accept" for b in res.blocks[1:]] == list(pattern)
+    assert all(b.scores == [] for b in res.blocks)
+    scored = run(tiny_models, mode="pattern", blocks=6, regime=regime, pattern=pattern, score_drafts=True)
+    assert [b.decision for b in scored.blocks] == [b.decision for b in res.blocks]
+    assert all(len(b.scores) == 12 and b.q == min(b.scores) for b in scored.blocks[1:])
+    assert torch.equal(scored.latents, res.latents) and torch.equal(scored.frames, res.frames)

@@ -1,0 +1,51 @@
+"""Cache-regime policies: layouts, length limits, and the cost rules the estimate and the bench rely on, checked
+against what real runs do."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdvg.errors import ConfigError
+from sdvg.regimes import CacheConfig, CacheLayout, CacheRegime, GlobalCache, NoisyCache, RecomputeCache
+from sdvg.router import RouterConfig
+from sdvg.sampler import SamplerConfig, SpeculativeSampler
+
+PROMPT = "a red fox running through snow"
+
+
+def test_each_regime_has_its_policy_and_layout():
+    assert isinstance(CacheConfig("global").policy(), GlobalCache)
+    assert isinstance(CacheConfig("recompute").policy(), RecomputeCache)
+    assert isinstance(CacheConfig("noisy").policy(), NoisyCache)
+    assert CacheConfig("global").policy().layout(21) == CacheLayout(21)
+    assert CacheConfig("recompute").policy().layout(21) == CacheLayout(6)  # 3 context + 3 block frames
+    noisy = CacheConfig("noisy", window_frames=9, sink_frames=3).policy()
+    assert noisy.layout(9) == CacheLayout(9) and noisy.layout(21) == CacheLayout(9, rolling=True, sink_frames=3)
+
+
+def test_only_the_global_regime_runs_out_of_rope_positions():
+    with pytest.raises(ConfigError, match="recompute or noisy"):
+        CacheConfig("global").policy().check_length(1026, 1024)
+    for regime in ("recompute", "noisy"):
+        CacheConfig(regime).policy().check_length(10_000, 1024)
+
+
+def test_first_frame_option_belongs_to_the_recompute_regime():
+    assert CacheConfig("recompute").policy().reencodes_first_frame
+    assert not CacheConfig("recompute", first_frame="latent").policy().reencodes_first_frame
+    assert not CacheConfig("noisy").policy().reencodes_first_frame
+    assert [CacheConfig("recompute").policy().context_encodes(b) for b in range(4)] == [0, 0, 1, 1]
+    with pytest.raises(ConfigError, match="first_frame"):
+        CacheConfig("recompute", first_frame="pixel")
+    with pytest.raises(ConfigError, match="whole number"):
+        CacheConfig("noisy", window_frames=12.5)
+
+
+@pytest.mark.parametrize("regime", [r.value for r in CacheRegime])
+def test_target_only_cost_rule_matches_the_forwards_a_run_makes(tiny_models, regime):
+    """The policy's per-block cache forwards (the time estimate's and the bench's rule) are what the run spends."""
+    config = SamplerConfig(num_blocks=4, width=64, height=64, cache=CacheConfig(regime), schedule="diagonal")
+    result = SpeculativeSampler(tiny_models, RouterConfig(mode="target-only"), config).run(PROMPT)
+    policy = config.cache.policy()
+    for record in result.blocks:
+        assert record.forwards["target"] == record.steps + policy.target_only_cache_forwards(record.block)
