@@ -17,7 +17,6 @@ reference pipelines, and keeps the last few prompts in a small LRU cache.
 from __future__ import annotations
 
 import html
-import io
 import json
 import logging
 import os
@@ -28,13 +27,13 @@ from typing import Any
 
 import torch
 
+from .checkpoint import describe_keys, load_checkpoint, looks_like, parameters_on_meta, prefix_before, strip_prefix
 from .devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
 from .errors import ConfigError, ModelFileError
-from .wan_loading import TINY_TEXT_DIM, _read_safetensors_header, _torch_load, parameters_on_meta
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TextEncoder", "write_tiny_text_encoder", "wan_t5_to_hf", "hf_to_wan_t5", "TINY_UMT5"]
+__all__ = ["TextEncoder", "LocalTokenizer", "wan_t5_to_hf", "hf_to_wan_t5"]
 
 MAX_LENGTH = 512
 SPIECE_KEY = "spiece_model"
@@ -58,9 +57,6 @@ _WAN_BLOCK_KEYS = (
     ("blocks.{i}.ffn.fc2.weight", "encoder.block.{i}.layer.1.DenseReluDense.wo.weight"),
 )
 _WAN_TOP_KEYS = (("token_embedding.weight", "shared.weight"), ("norm.weight", "encoder.final_layer_norm.weight"))
-
-# the tiny UMT5 written by ``write_tiny_text_encoder`` (d_model must equal the tiny DiTs' text_dim)
-TINY_UMT5 = {"d_model": TINY_TEXT_DIM, "d_kv": 16, "num_heads": 4, "d_ff": 128, "num_layers": 2, "vocab_size": 256}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -199,33 +195,17 @@ def _config_from_shapes(sd: dict[str, torch.Tensor], meta: dict[str, Any], name:
 
 
 def _describe(keys: list[str]) -> str:
-    from .wan_loading import _describe_foreign
-
-    shown = ", ".join(sorted(keys)[:5])
-    return f"found {len(keys)} tensors, looks like {_describe_foreign(sorted(keys))} (first keys: {shown})"
+    return f"found {describe_keys(keys)}, looks like {looks_like(keys)}"
 
 
 def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    if path.name.endswith(".safetensors"):
-        from safetensors import safe_open
-
-        _read_safetensors_header(path)  # clear errors for truncated/corrupt files
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
-    obj = _torch_load(path)
-    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
-        obj = obj["state_dict"]
-    if not isinstance(obj, dict):
-        raise ModelFileError(f"{path}: the checkpoint holds a {type(obj).__name__}, not a dict of tensors.")
-    return {k: v for k, v in obj.items() if torch.is_tensor(v)}, {}
+    ck = load_checkpoint(path)
+    return ck.tensors, dict(ck.metadata)
 
 
 def _strip_prefix(sd: dict[str, torch.Tensor], anchor: str) -> dict[str, torch.Tensor] | None:
-    hits = [k[: -len(anchor)] for k in sd if k.endswith(anchor)]
-    if not hits:
-        return None
-    prefix = min(hits, key=len)
-    return {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+    prefix = prefix_before(sd, anchor)
+    return None if prefix is None else strip_prefix(sd, prefix)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -254,9 +234,6 @@ class TextEncoder:
     @property
     def text_dim(self) -> int:
         return int(self.model.config.d_model)
-
-    def clear_cache(self) -> None:
-        self._cache.clear()
 
     def tokenize(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
         """→ (input_ids, attention_mask), both ``[1, 512]`` int64, padded with 0."""
@@ -417,100 +394,3 @@ def _build(config, sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torc
     model.eval()
     model.requires_grad_(False)
     return model
-
-
-# ----------------------------------------------------------------------------------------------------------
-# tiny model
-
-_TINY_CORPUS = """
-A cat walks across a sunny garden and stops to watch a butterfly.
-A red sports car drives along a winding mountain road at sunset.
-Waves crash on a rocky beach while seagulls fly over the water.
-A chef chops fresh vegetables in a busy restaurant kitchen.
-An astronaut floats inside a space station and looks at the earth.
-A golden retriever runs through a field of tall green grass.
-Rain falls on a quiet city street lit by neon signs at night.
-A young woman plays the violin on a stage under warm lights.
-A hot air balloon rises slowly over a valley covered in fog.
-Two children build a sandcastle near the edge of the sea.
-A train crosses a long bridge above a deep river canyon.
-Snow covers the branches of pine trees in a silent forest.
-A drone flies over a crowded market full of colorful fruit.
-An old man reads a newspaper on a wooden bench in the park.
-A time lapse of clouds moving over a desert with red rocks.
-A robot arm assembles small parts in a clean white factory.
-Fireworks explode in the dark sky above a glowing harbor.
-A horse gallops along the shore with the sun behind it.
-A close up of coffee being poured into a white ceramic cup.
-A skateboarder jumps over a ramp in an empty parking lot.
-A school of fish swims around a bright coral reef.
-A candle flickers on a table next to an open book.
-The camera pans slowly across a field of yellow sunflowers.
-A panda eats bamboo while sitting in the shade of a tree.
-Leaves blow across a stone path on a windy autumn day.
-A city skyline at dawn with light reflecting on glass towers.
-A dancer spins in a studio with large windows and soft light.
-A small boat sails across a calm lake surrounded by mountains.
-Steam rises from a bowl of noodles in a dim kitchen.
-A fox walks quietly through fresh snow in the early morning.
-"""
-
-
-def _train_tiny_spiece(vocab_size: int) -> bytes:
-    import sentencepiece as spm
-
-    sentences = [s.strip() for s in _TINY_CORPUS.strip().splitlines() if s.strip()]
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
-        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0, num_threads=1,
-        shuffle_input_sentence=False, hard_vocab_limit=False, minloglevel=2, seed_sentencepiece_size=100000,
-    )
-    return buf.getvalue()
-
-
-def _tiny_weights(vocab: int, seed: int) -> dict[str, torch.Tensor]:
-    """Deterministic random UMT5 weights (Hugging Face names), scaled like T5's own initialisation."""
-    c = TINY_UMT5
-    d, kv, h, ff = c["d_model"], c["d_kv"], c["num_heads"], c["d_ff"]
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape: int, std: float) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * std).contiguous()
-
-    sd = {"shared.weight": rnd(vocab, d, std=1.0), "encoder.final_layer_norm.weight": torch.ones(d)}
-    for i in range(c["num_layers"]):
-        b = f"encoder.block.{i}.layer."
-        sd.update({
-            b + "0.SelfAttention.q.weight": rnd(h * kv, d, std=(d * kv) ** -0.5),
-            b + "0.SelfAttention.k.weight": rnd(h * kv, d, std=d**-0.5),
-            b + "0.SelfAttention.v.weight": rnd(h * kv, d, std=d**-0.5),
-            b + "0.SelfAttention.o.weight": rnd(d, h * kv, std=(h * kv) ** -0.5),
-            b + "0.SelfAttention.relative_attention_bias.weight": rnd(32, h, std=d**-0.5),
-            b + "0.layer_norm.weight": torch.ones(d),
-            b + "1.DenseReluDense.wi_0.weight": rnd(ff, d, std=d**-0.5),
-            b + "1.DenseReluDense.wi_1.weight": rnd(ff, d, std=d**-0.5),
-            b + "1.DenseReluDense.wo.weight": rnd(d, ff, std=ff**-0.5),
-            b + "1.layer_norm.weight": torch.ones(d),
-        })
-    return sd
-
-
-def write_tiny_text_encoder(models_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``models_dir/text_encoders/sdvg_tiny_umt5.safetensors`` in the Comfy-Org layout (tokenizer inside as
-    ``spiece_model``); deterministic. Returns {"text_encoder": path}."""
-    from safetensors.torch import save_file
-
-    folder = Path(models_dir) / "text_encoders"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "sdvg_tiny_umt5.safetensors"
-    spiece = _train_tiny_spiece(TINY_UMT5["vocab_size"])
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor()
-    sp.LoadFromSerializedProto(spiece)
-    vocab = max(TINY_UMT5["vocab_size"], sp.get_piece_size())
-    sd = _tiny_weights(vocab, seed=2024)
-    sd[SPIECE_KEY] = torch.frombuffer(bytearray(spiece), dtype=torch.uint8).clone()
-    save_file(sd, str(path), metadata={META_MAX_DISTANCE: "128"})
-    return {"text_encoder": path}

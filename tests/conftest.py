@@ -22,7 +22,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     """The tiny models tree, written once per session through the real `make-tiny` code path."""
-    from sdvg.tiny import make_tiny
+    from sdvg.fixtures.tiny import make_tiny
 
     root = tmp_path_factory.mktemp("tiny-models")
     make_tiny(root)
@@ -35,3 +35,27 @@ def tiny_models(tiny_dir):
     from sdvg.pipeline import load_models
 
     return load_models(tiny_dir, dit_device="cpu", aux_device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def tiny_vae_path(tmp_path_factory) -> Path:
+    """The tiny Wan 2.1 VAE file alone (VAE and VAE-loading tests; cheaper than the whole tree)."""
+    from sdvg.fixtures.tiny import write_tiny_vae
+
+    return write_tiny_vae(tmp_path_factory.mktemp("tiny-vae"))
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_path(tmp_path_factory) -> Path:
+    """The tiny ImageReward checkpoint alone, with its vocab.txt and config.json beside it."""
+    from sdvg.fixtures.tiny import write_tiny_image_reward
+
+    return write_tiny_image_reward(tmp_path_factory.mktemp("tiny-reward"))
+
+
+@pytest.fixture(scope="session")
+def tiny_reward(tiny_reward_path):
+    """The tiny ImageReward loaded once (fp32, CPU)."""
+    from sdvg.reward import ImageReward
+
+    return ImageReward.load(tiny_reward_path)

@@ -250,11 +250,10 @@ def test_real_size_model_builder_runs_the_bench_at_tiny_shapes():
     """The real-size code path (random DiTs/VAE/ImageReward built in place) end to end, at tiny shapes on the CPU."""
     from dataclasses import replace
 
-    from sdvg.reward import TINY_CONFIG, tiny_vocab
-    from sdvg.wan_loading import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
+    from sdvg.fixtures.tiny import TINY_DRAFTER_CONFIG, TINY_REWARD_CONFIG, TINY_TARGET_CONFIG, tiny_reward_vocab
 
     configs = {"drafter": TINY_DRAFTER_CONFIG, "target": TINY_TARGET_CONFIG, "vae_base_dim": 2,
-               "reward": replace(TINY_CONFIG, vocab_size=len(tiny_vocab()) + 2)}
+               "reward": replace(TINY_REWARD_CONFIG, vocab_size=len(tiny_reward_vocab()) + 2)}
     spec = bench.RealSizeSpec(dtype=torch.float32)
     device = torch.device("cpu")
     models = bench.build_real_size_models(device, spec, configs=configs)

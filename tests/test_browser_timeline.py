@@ -36,7 +36,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from sdvg.tiny import make_tiny
+    from sdvg.fixtures.tiny import make_tiny
 
     root = tmp_path_factory.mktemp("models")
     make_tiny(root)

@@ -29,7 +29,7 @@ OUR_NODES = {"SDVGModelLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGR
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    from sdvg.tiny import make_tiny
+    from sdvg.fixtures.tiny import make_tiny
 
     root = tmp_path_factory.mktemp("models")
     make_tiny(root)
@@ -39,7 +39,8 @@ def models_dir(tmp_path_factory):
     # a valid DiT that cannot pair with the tiny drafter: its text embedding width differs
     from safetensors.torch import save_file
 
-    from sdvg.wan_loading import META_NUM_HEADS, TINY_TARGET_CONFIG, TINY_TEXT_DIM, random_original_state_dict
+    from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, TINY_TEXT_DIM, random_original_state_dict
+    from sdvg.wan_keys import META_NUM_HEADS
 
     config = dict(TINY_TARGET_CONFIG, text_dim=TINY_TEXT_DIM * 2)
     save_file({"model." + k: v for k, v in random_original_state_dict(config, seed=99).items()},

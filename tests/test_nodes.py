@@ -328,7 +328,8 @@ def test_bad_sampler_settings_are_clear_errors(tiny_host, tiny_nodes):
 def _write_dit_with_text_dim(models_dir, text_dim: int) -> str:
     from safetensors.torch import save_file
 
-    from sdvg.wan_loading import META_NUM_HEADS, TINY_TARGET_CONFIG, random_original_state_dict
+    from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, random_original_state_dict
+    from sdvg.wan_keys import META_NUM_HEADS
 
     config = dict(TINY_TARGET_CONFIG, text_dim=text_dim)
     sd = random_original_state_dict(config, seed=99)
@@ -343,7 +344,7 @@ def test_mismatched_drafter_and_target_is_a_clear_error(tiny_host, tiny_nodes):
     any model runs; the next run with matching models works."""
     from sdvg_pack_under_test.sdvg.errors import ConfigError
 
-    from sdvg.wan_loading import TINY_TEXT_DIM
+    from sdvg.fixtures.tiny import TINY_TEXT_DIM
 
     name = _write_dit_with_text_dim(tiny_host.models_dir, TINY_TEXT_DIM * 2)
     try:

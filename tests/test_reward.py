@@ -1,12 +1,8 @@
-"""ImageReward on transformers BLIP: loading, key map parity, preprocessing, batching, tokenizer, errors."""
+"""ImageReward on transformers BLIP: scores, reference forward parity, preprocessing, batching, tokenizer, frame errors."""
 
 from __future__ import annotations
 
-import json
 import math
-import re
-import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,146 +10,57 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sdvg.errors import ConfigError, ModelFileError
+from sdvg.errors import ConfigError
 from sdvg.reward import (
     CLIP_MEAN,
     CLIP_STD,
     MAX_PROMPT_TOKENS,
     REWARD_MEAN,
     REWARD_STD,
-    SAFETENSORS_CONFIG_KEY,
-    UNUSED_KEYS,
     ImageReward,
     ImageRewardConfig,
-    build_mlp,
-    build_modules,
-    infer_config,
-    map_official_keys,
-    write_tiny_image_reward,
 )
+from tests.inputs import frames
 
-DATA = Path(__file__).resolve().parent / "data"
 PROMPT = "a red car on a city street at night"
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> Path:
-    return write_tiny_image_reward(tmp_path_factory.mktemp("models"))
+# ---- scores -----------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_path) -> ImageReward:
-    return ImageReward.load(tiny_path)
-
-
-def frames(n=4, h=48, w=80, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(n, h, w, 3, generator=g)
-
-
-# ---- files ----------------------------------------------------------------------------------------------------
-
-
-def _pattern(key: str) -> str:
-    return re.sub(r"\.(blocks|layer)\.\d+\.", r".\1.N.", key)
-
-
-def test_tiny_file_uses_official_layout(tiny_path):
-    official = json.loads((DATA / "imagereward_v1_key_shapes.json").read_text())
-    state = torch.load(tiny_path, map_location="cpu", weights_only=True)
-    assert {_pattern(k) for k in state} == {_pattern(k) for k in official}
-    assert tiny_path.name == "sdvg_tiny_image_reward.pt" and tiny_path.parent.name == "image_reward"
-    assert tiny_path.stat().st_size < 25e6
-    assert tiny_path.with_name("sdvg_tiny_image_reward.vocab.txt").is_file()
-
-
-def test_tiny_writer_deterministic(tiny_path, tmp_path):
-    again = write_tiny_image_reward(tmp_path)
-    a = torch.load(tiny_path, weights_only=True)
-    b = torch.load(again, weights_only=True)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_tiny_scores_vary(tiny):
-    s = tiny.score(frames(6), PROMPT)
+def test_tiny_scores_vary(tiny_reward):
+    s = tiny_reward.score(frames(6), PROMPT)
     assert s.shape == (6,) and s.dtype == torch.float32 and s.device.type == "cpu"
     assert torch.isfinite(s).all()
     assert float(s.std()) > 1e-3  # randomized MLP: not the constant -0.1618 of the default init
 
 
-def test_safetensors_copy_scores_identically(tiny, tiny_path, tmp_path):
-    from safetensors.torch import save_file
-
-    state = torch.load(tiny_path, weights_only=True)
-    out = tmp_path / "ImageReward.safetensors"
-    heads = json.loads(tiny_path.with_name(tiny_path.stem + ".config.json").read_text())
-    save_file(state, str(out), metadata={SAFETENSORS_CONFIG_KEY: json.dumps(heads)})
-    shutil.copy(tiny_path.with_name(tiny_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")  # plain name
-    model = ImageReward.load(out)
-    assert model.config == tiny.config
-    x = frames(5)
-    assert torch.equal(model.score(x, PROMPT), tiny.score(x, PROMPT))
-
-
-def test_heads_default_width_over_64_without_sidecar(tiny_path, tmp_path):
-    shutil.copy(tiny_path, tmp_path / "m.pt")
-    shutil.copy(tiny_path.with_name(tiny_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")
-    model = ImageReward.load(tmp_path / "m.pt")
-    assert model.config.vision_heads == 1  # 64 // 64: the sidecar is what carries the tiny model's 2 heads
-
-
-# ---- full-size key map parity (meta device) -------------------------------------------------------------------
-
-
-def test_full_size_key_map_parity_on_meta():
-    shapes = json.loads((DATA / "imagereward_v1_key_shapes.json").read_text())
-    assert len(shapes) == 625
-    state = {k: torch.empty(v, device="meta") for k, v in shapes.items()}
-    cfg = infer_config({k: tuple(v) for k, v in shapes.items()})
-    assert cfg == ImageRewardConfig()  # ViT-L/16 224, 16 heads, BERT-base 12 layers, vocab 30524
-    mapped = map_official_keys(state)
-    assert not mapped.unknown
-    assert sorted(mapped.dropped) == sorted(UNUSED_KEYS)
-    with torch.device("meta"):
-        vision, text = build_modules(cfg)
-        mlp = build_mlp()
-    for module, sub in ((vision, mapped.vision), (text, mapped.text), (mlp, mapped.mlp)):
-        want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-        got = {k: tuple(v.shape) for k, v in sub.items()}
-        assert set(got) == set(want), (set(want) - set(got), set(got) - set(want))
-        assert got == want
-        result = module.load_state_dict(sub, strict=True, assign=True)
-        assert not result.missing_keys and not result.unexpected_keys
-    n_params = sum(v.numel() for k, v in state.items() if k not in UNUSED_KEYS)
-    assert 440e6 < n_params < 450e6
-
-
 # ---- batching, chunks, prompt ---------------------------------------------------------------------------------
 
 
-def test_batched_equals_per_frame_loop(tiny):
+def test_batched_equals_per_frame_loop(tiny_reward):
     x = frames(7, 40, 56, seed=3)
-    batched = tiny.score(x, PROMPT)
-    loop = torch.cat([tiny.score(x[i : i + 1], PROMPT) for i in range(7)])
+    batched = tiny_reward.score(x, PROMPT)
+    loop = torch.cat([tiny_reward.score(x[i : i + 1], PROMPT) for i in range(7)])
     torch.testing.assert_close(batched, loop, atol=1e-6, rtol=1e-6)
-    chunks = list(tiny.score_chunks(x, PROMPT, chunk_size=3))
+    chunks = list(tiny_reward.score_chunks(x, PROMPT, chunk_size=3))
     assert [len(c) for c in chunks] == [3, 3, 1]
     torch.testing.assert_close(torch.cat(chunks), batched, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(tiny.score(x, PROMPT, chunk_size=2), batched, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(tiny_reward.score(x, PROMPT, chunk_size=2), batched, atol=1e-6, rtol=1e-6)
 
 
-def test_one_forward_for_all_frames(tiny):
+def test_one_forward_for_all_frames(tiny_reward):
     calls = []
-    handle = tiny.vision.register_forward_hook(lambda m, i, o: calls.append(1))
+    handle = tiny_reward.vision.register_forward_hook(lambda m, i, o: calls.append(1))
     try:
-        tiny.score(frames(12), PROMPT)
+        tiny_reward.score(frames(12), PROMPT)
     finally:
         handle.remove()
     assert len(calls) == 1
 
 
-def test_prompt_tokenized_once(tiny_path):
-    model = ImageReward.load(tiny_path)
+def test_prompt_tokenized_once(tiny_reward_path):
+    model = ImageReward.load(tiny_reward_path)
     real = model.tokenizer
     count = {"n": 0}
 
@@ -174,14 +81,14 @@ def test_prompt_tokenized_once(tiny_path):
     assert count["n"] == 2
 
 
-def test_prompt_truncated_to_35_tokens(tiny):
+def test_prompt_truncated_to_35_tokens(tiny_reward):
     long = " ".join(["cat"] * 100)
-    p = tiny.prepare_prompt(long)
+    p = tiny_reward.prepare_prompt(long)
     assert p.input_ids.shape == (1, MAX_PROMPT_TOKENS)
     assert int(p.attention_mask.sum()) == MAX_PROMPT_TOKENS
-    tok = tiny.tokenizer
+    tok = tiny_reward.tokenizer
     assert int(p.input_ids[0, 0]) == tok.cls_token_id and int(p.input_ids[0, -1]) == tok.sep_token_id
-    short = tiny.prepare_prompt("A Cat")  # lowercased
+    short = tiny_reward.prepare_prompt("A Cat")  # lowercased
     assert int(short.attention_mask.sum()) == 4
     assert short.input_ids[0, 1:3].tolist() == tok.convert_tokens_to_ids(["a", "cat"])
     assert int(short.input_ids[0, -1]) == tok.pad_token_id
@@ -189,7 +96,7 @@ def test_prompt_truncated_to_35_tokens(tiny):
     assert tok.convert_tokens_to_ids(["[DEC]", "[ENC]"]) == [len(tok) - 2, len(tok) - 1]
     # the rest of a long prompt changes nothing
     x = frames(2)
-    assert torch.equal(tiny.score(x, long), tiny.score(x, long + " dog dog dog"))
+    assert torch.equal(tiny_reward.score(x, long), tiny_reward.score(x, long + " dog dog dog"))
 
 
 # ---- preprocessing --------------------------------------------------------------------------------------------
@@ -245,98 +152,42 @@ def test_preprocess_noise_tolerance():
     assert diff.mean() < 0.5 and diff.max() <= 6  # notes: mean 0.15/255, max 4/255
 
 
-def test_preprocess_shapes_and_device_input(tiny):
-    x = tiny.preprocess(frames(3, 480, 832))
+def test_preprocess_shapes_and_device_input(tiny_reward):
+    x = tiny_reward.preprocess(frames(3, 480, 832))
     assert x.shape == (3, 3, 32, 32) and x.dtype == torch.float32
     # half precision input frames are accepted and converted
-    s16 = tiny.score(frames(2).half(), PROMPT)
-    s32 = tiny.score(frames(2).half().float(), PROMPT)
+    s16 = tiny_reward.score(frames(2).half(), PROMPT)
+    s32 = tiny_reward.score(frames(2).half().float(), PROMPT)
     torch.testing.assert_close(s16, s32)
 
 
 # ---- errors ---------------------------------------------------------------------------------------------------
 
 
-def test_bad_frames(tiny):
+def test_bad_frames(tiny_reward):
     with pytest.raises(ConfigError, match="255"):
-        tiny.score((frames(2) * 255).to(torch.uint8), PROMPT)
+        tiny_reward.score((frames(2) * 255).to(torch.uint8), PROMPT)
     bad = frames(2)
     bad[0, 0, 0, 0] = math.nan
     with pytest.raises(ConfigError, match="NaN"):
-        tiny.score(bad, PROMPT)
+        tiny_reward.score(bad, PROMPT)
     bad = frames(2)
     bad[1, 3, 3, 1] = math.inf
     with pytest.raises(ConfigError, match="inf"):
-        tiny.score(bad, PROMPT)
+        tiny_reward.score(bad, PROMPT)
     with pytest.raises(ConfigError, match=r"\[0, 1\].*255"):
-        tiny.score(frames(2) * 255, PROMPT)
+        tiny_reward.score(frames(2) * 255, PROMPT)
     with pytest.raises(ConfigError, match=r"\[-1, 1\]"):
-        tiny.score(frames(2) * 2 - 1, PROMPT)
+        tiny_reward.score(frames(2) * 2 - 1, PROMPT)
     with pytest.raises(ConfigError, match=r"\[N, H, W, 3\]"):
-        tiny.score(frames(2).permute(0, 3, 1, 2), PROMPT)
+        tiny_reward.score(frames(2).permute(0, 3, 1, 2), PROMPT)
     with pytest.raises(ConfigError, match="chunk_size"):
-        tiny.score(frames(2), PROMPT, chunk_size=0)
+        tiny_reward.score(frames(2), PROMPT, chunk_size=0)
     # a hair outside [0, 1] is tolerated (clamped)
     ok = frames(2)
     ok[0, 0, 0, 0] = 1.0005
     ok[0, 0, 0, 1] = -0.0005
-    assert torch.isfinite(tiny.score(ok, PROMPT)).all()
-
-
-def test_missing_vocab(tiny_path, tmp_path):
-    shutil.copy(tiny_path, tmp_path / "ImageReward.pt")
-    with pytest.raises(ModelFileError) as err:
-        ImageReward.load(tmp_path / "ImageReward.pt")
-    msg = str(err.value)
-    assert str(tmp_path / "vocab.txt") in msg and "bert-base-uncased" in msg and "30,522" in msg
-
-
-def test_vocab_size_mismatch(tiny_path, tmp_path):
-    shutil.copy(tiny_path, tmp_path / "ImageReward.pt")
-    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncat\n")
-    with pytest.raises(ModelFileError, match="Vocabulary mismatch.*8 tokens.*word embeddings"):
-        ImageReward.load(tmp_path / "ImageReward.pt")
-
-
-def test_missing_checkpoint(tmp_path):
-    with pytest.raises(ModelFileError, match="not found.*ImageReward.pt"):
-        ImageReward.load(tmp_path / "nope.pt")
-
-
-def test_wrong_checkpoint_wan_file(tmp_path):
-    from safetensors.torch import save_file
-
-    wan = {
-        "model.diffusion_model.blocks.0.self_attn.q.weight": torch.zeros(4, 4),
-        "model.diffusion_model.patch_embedding.weight": torch.zeros(4, 16, 1, 2, 2),
-        "model.diffusion_model.head.head.weight": torch.zeros(4, 4),
-    }
-    path = tmp_path / "wan2.1_t2v_1.3B_bf16.safetensors"
-    save_file(wan, str(path))
-    with pytest.raises(ModelFileError) as err:
-        ImageReward.load(path)
-    msg = str(err.value)
-    assert path.name in msg and "not an ImageReward checkpoint" in msg and "model.diffusion_model" in msg
-    torch.save({"generator": {"x": torch.zeros(1)}}, tmp_path / "self_forcing_dmd.pt")
-    with pytest.raises(ModelFileError, match="self_forcing_dmd.pt"):
-        ImageReward.load(tmp_path / "self_forcing_dmd.pt")
-    (tmp_path / "garbage.pt").write_bytes(b"not a pickle")
-    with pytest.raises(ModelFileError, match="weights_only"):
-        ImageReward.load(tmp_path / "garbage.pt")
-
-
-def test_incomplete_checkpoint_is_refused(tiny_path, tmp_path):
-    state = torch.load(tiny_path, weights_only=True)
-    del state["blip.text_encoder.encoder.layer.0.crossattention.self.key.weight"]
-    state["blip.extra.weight"] = torch.zeros(1)
-    torch.save(state, tmp_path / "bad.pt")
-    shutil.copy(tiny_path.with_name(tiny_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")
-    with pytest.raises(ModelFileError, match="unexpected tensors.*blip.extra.weight"):
-        ImageReward.load(tmp_path / "bad.pt")
-    del state["blip.extra.weight"]
-    torch.save(state, tmp_path / "bad.pt")
-    with pytest.raises(ModelFileError, match="crossattention.self.key.weight"):
-        ImageReward.load(tmp_path / "bad.pt")
+    assert torch.isfinite(tiny_reward.score(ok, PROMPT)).all()
 
 
 # ---- independent reference forward (original BLIP layout, written from the architecture notes) ----------------
@@ -397,56 +248,25 @@ def _reference_scores(state, cfg: ImageRewardConfig, pixels, ids, mask):
     return ((r - REWARD_MEAN) / REWARD_STD).squeeze(-1)
 
 
-def test_reference_forward_parity(tiny, tiny_path):
-    state = torch.load(tiny_path, weights_only=True)
+def test_reference_forward_parity(tiny_reward, tiny_reward_path):
+    state = torch.load(tiny_reward_path, weights_only=True)
     x = frames(5, 60, 100, seed=7)
     for prompt in (PROMPT, "cat", " ".join(["dog"] * 60)):
-        prepared = tiny.prepare_prompt(prompt)
-        ref = _reference_scores(state, tiny.config, tiny.preprocess(x), prepared.input_ids, prepared.attention_mask)
-        ours = tiny.score(x, prompt)
+        prepared = tiny_reward.prepare_prompt(prompt)
+        ref = _reference_scores(state, tiny_reward.config, tiny_reward.preprocess(x), prepared.input_ids, prepared.attention_mask)
+        ours = tiny_reward.score(x, prompt)
         torch.testing.assert_close(ours.double(), ref, atol=2e-5, rtol=1e-5)
 
 
-def test_load_dtype_and_device_strings(tiny, tiny_path):
-    m = ImageReward.load(tiny_path, device="auto" if not torch.cuda.is_available() else "cpu", dtype="bf16")
-    assert m.dtype == torch.bfloat16 and m.mlp[0].weight.dtype == torch.float32  # head stays fp32
-    x = frames(3)
-    s = m.score(x, PROMPT)
-    assert s.dtype == torch.float32 and torch.isfinite(s).all()
-    assert float((s - tiny.score(x, PROMPT)).abs().max()) < 0.1  # bf16 trunk vs fp32
-    with pytest.raises(ConfigError, match="fp8"):
-        ImageReward.load(tiny_path, dtype="fp8_e4m3fn")
-    with pytest.raises(ConfigError, match="device"):
-        ImageReward.load(tiny_path, device="tpu:7")
-
-
-def test_find_checkpoint(tiny_path, tmp_path):
-    from sdvg.reward import find_checkpoint
-
-    assert find_checkpoint(tiny_path.parent) == tiny_path
-    (tmp_path / "ImageReward.pt").write_bytes(b"")
-    (tmp_path / "sdvg_tiny_image_reward.pt").write_bytes(b"")
-    assert find_checkpoint(tmp_path).name == "ImageReward.pt"
-    with pytest.raises(ModelFileError, match="No ImageReward checkpoint"):
-        find_checkpoint(tmp_path / "missing")
-
-
-def test_router_early_exit_with_score_chunks(tiny):
+def test_router_early_exit_with_score_chunks(tiny_reward):
     from sdvg.router import Router, RouterConfig
 
     x = frames(12, 40, 72, seed=11)
-    full = tiny.score(x, PROMPT)
+    full = tiny_reward.score(x, PROMPT)
     for tau in (float(full.min()) - 1e-3, float(full.median()), float(full.max()) + 1e-3):
         want = Router(RouterConfig(tau=tau)).decide(1, full)
-        got = Router(RouterConfig(tau=tau, early_exit=True)).decide_streaming(1, tiny.score_chunks(x, PROMPT, 3))
+        got = Router(RouterConfig(tau=tau, early_exit=True)).decide_streaming(1, tiny_reward.score_chunks(x, PROMPT, 3))
         assert got.decision == want.decision
         assert got.scores == pytest.approx(full.tolist()[: len(got.scores)], abs=1e-6)
 
 
-def test_legacy_pickle_format_loads(tiny, tiny_path, tmp_path):
-    state = torch.load(tiny_path, weights_only=True)
-    torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
-    shutil.copy(tiny_path.with_name(tiny_path.stem + ".config.json"), tmp_path / "legacy.config.json")
-    model = ImageReward.load(tmp_path / "legacy.pt", vocab=tiny_path.with_name(tiny_path.stem + ".vocab.txt"))
-    x = frames(2)
-    assert torch.equal(model.score(x, PROMPT), tiny.score(x, PROMPT))

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sdvg import text_encoder as te
-from sdvg import wan_loading as wl
 from sdvg.errors import ModelFileError
+from sdvg.fixtures import tiny
 
 PROMPT = "A red fox runs through fresh snow at sunrise."
 
@@ -27,7 +27,7 @@ def no_network(monkeypatch):
 
 @pytest.fixture(scope="module")
 def comfy(tmp_path_factory):
-    return te.write_tiny_text_encoder(tmp_path_factory.mktemp("models"))["text_encoder"]
+    return tiny.write_tiny_text_encoder(tmp_path_factory.mktemp("models"))["text_encoder"]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_layouts_give_identical_embeddings(comfy, layouts):
 
 def test_shape_padding_and_cache(comfy):
     enc = te.TextEncoder.load(comfy, device="cpu", cache_size=2)
-    assert enc.text_dim == wl.TINY_TEXT_DIM == wl.TINY_TARGET_CONFIG["text_dim"] == wl.TINY_DRAFTER_CONFIG["text_dim"]
+    assert enc.text_dim == tiny.TINY_TEXT_DIM == tiny.TINY_TARGET_CONFIG["text_dim"] == tiny.TINY_DRAFTER_CONFIG["text_dim"]
     out = enc.encode(PROMPT)
     n = len(enc.tokenizer.ids(PROMPT))
     assert out.shape == (1, 512, enc.text_dim) and out.dtype == torch.float32
@@ -79,7 +79,7 @@ def test_shape_padding_and_cache(comfy):
 
 
 def test_tiny_writer_is_deterministic(tmp_path, comfy):
-    again = te.write_tiny_text_encoder(tmp_path)["text_encoder"]
+    again = tiny.write_tiny_text_encoder(tmp_path)["text_encoder"]
     assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(comfy.read_bytes()).digest()
     assert comfy.stat().st_size < 2e6
 
@@ -111,7 +111,7 @@ def test_missing_tokenizer_is_named(tmp_path, layouts):
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "spiece.model").write_bytes(layouts["spiece"])
     enc = te.TextEncoder.load(lone, device="cpu", tokenizer=tmp_path / "tok")
-    assert enc.encode(PROMPT).shape == (1, 512, wl.TINY_TEXT_DIM)
+    assert enc.encode(PROMPT).shape == (1, 512, tiny.TINY_TEXT_DIM)
 
 
 def test_tokenizer_json(tmp_path, layouts):

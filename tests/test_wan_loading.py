@@ -12,11 +12,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from sdvg import wan_keys as wk
 from sdvg import wan_loading as wl
 from sdvg.errors import ModelFileError
+from sdvg.fixtures import tiny
 
 DATA = Path(__file__).resolve().parent / "data"
-CFG = wl.TINY_DRAFTER_CONFIG
+CFG = tiny.TINY_DRAFTER_CONFIG
 
 
 def _forward(model, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -30,14 +32,14 @@ def _forward(model, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.
 
 @pytest.fixture(scope="module")
 def weights() -> dict[str, torch.Tensor]:
-    return wl.random_original_state_dict(CFG, seed=7)
+    return tiny.random_original_state_dict(CFG, seed=7)
 
 
 @pytest.fixture(scope="module")
 def formats(tmp_path_factory, weights) -> dict[str, Path]:
     """The same tiny weights in every accepted layout."""
     d = tmp_path_factory.mktemp("formats")
-    meta = {wl.META_NUM_HEADS: str(CFG["num_attention_heads"])}
+    meta = {wk.META_NUM_HEADS: str(CFG["num_attention_heads"])}
     pt_cfg = {"num_heads": CFG["num_attention_heads"]}
     prefixed = {"model." + k: v for k, v in weights.items()}
     other = {k: torch.zeros_like(v) for k, v in prefixed.items()}
@@ -63,7 +65,7 @@ def formats(tmp_path_factory, weights) -> dict[str, Path]:
     save_file(dict(weights), out["st_bare"], metadata=meta)
     save_file({"model.diffusion_model." + k: v for k, v in weights.items()}, out["st_comfy"], metadata=meta)
     save_file({"model._fsdp_wrapped_module." + k: v for k, v in weights.items()}, out["st_fsdp"], metadata=meta)
-    diff = wl.original_to_diffusers(weights)
+    diff = wk.original_to_diffusers(weights)
     save_file({k: v.contiguous() for k, v in diff.items()}, out["st_diffusers"], metadata=meta)
     model = wl.build_dit_from_state_dict(diff, CFG)
     model.save_pretrained(out["diffusers_dir"], safe_serialization=True)
@@ -101,7 +103,7 @@ def test_inspect_reports_layout(formats):
     assert wl.inspect_dit_checkpoint(formats["st_diffusers"]).key_layout == "diffusers"
     sharded = wl.inspect_dit_checkpoint(formats["diffusers_sharded"])
     assert sharded.format == "diffusers-dir" and len(sharded.files) > 1
-    n = sum(v.numel() for v in wl.random_original_state_dict(CFG, seed=0).values())
+    n = sum(v.numel() for v in tiny.random_original_state_dict(CFG, seed=0).values())
     assert ema.num_params == n == sharded.num_params
 
 
@@ -110,28 +112,22 @@ def test_pt_prefers_generator_ema(formats, weights):
     assert torch.equal(model.proj_out.weight, weights["head.head.weight"])
 
 
-def test_original_key_shapes_match_real_models():
-    real = json.loads((DATA / "wan21_t2v_key_shapes.json").read_text())
-    for size in ("1.3B", "14B"):
-        assert wl.original_key_shapes(wl.config_for_size(size)) == real[size], size
-
-
 @pytest.mark.parametrize("size", ["1.3B", "14B"])
 def test_real_size_meta_load_maps_every_key(size):
     real = json.loads((DATA / "wan21_t2v_key_shapes.json").read_text())[size]
     shapes = {"model." + k: tuple(v) for k, v in real.items()}
     src = wl._Source(Path(f"fake_{size}.safetensors"), "safetensors", [], shapes, dict.fromkeys(shapes, torch.bfloat16), {})
     info, raw_to_key = wl._inspect(src)
-    assert info.size_label == size and info.config == wl.config_for_size(size) and info.prefix == "model."
+    assert info.size_label == size and info.config == wk.config_for_size(size) and info.prefix == "model."
     assert info.num_params == sum(torch.Size(v).numel() for v in real.values())
     sd = {raw_to_key[k]: torch.empty(s, device="meta", dtype=torch.bfloat16) for k, s in shapes.items()}
-    model = wl.build_dit_from_state_dict(wl.original_to_diffusers(sd), info.config, dtype=torch.bfloat16, device="meta")
+    model = wl.build_dit_from_state_dict(wk.original_to_diffusers(sd), info.config, dtype=torch.bfloat16, device="meta")
     assert all(p.device.type == "meta" for p in model.parameters())
     assert len(model.state_dict()) == len(real)
 
 
 def test_assign_keeps_loaded_storage(weights):
-    sd = wl.original_to_diffusers(weights)
+    sd = wk.original_to_diffusers(weights)
     model = wl.build_dit_from_state_dict(sd, CFG, dtype=torch.float32)
     params = dict(model.named_parameters())
     assert all(params[k].data_ptr() == v.data_ptr() for k, v in sd.items())
@@ -156,8 +152,8 @@ def test_keep_fp32_modules_in_half(formats):
 
 
 def test_write_tiny_dits(tmp_path):
-    paths = wl.write_tiny_dits(tmp_path / "a")
-    again = wl.write_tiny_dits(tmp_path / "b")
+    paths = tiny.write_tiny_dits(tmp_path / "a")
+    again = tiny.write_tiny_dits(tmp_path / "b")
     total = 0
     for key, path in paths.items():
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -166,10 +162,10 @@ def test_write_tiny_dits(tmp_path):
     assert total < 45e6  # the target is sized to cost ~15x the drafter per forward (real pair: ~10x)
     d = wl.inspect_dit_checkpoint(paths["drafter"])
     t = wl.inspect_dit_checkpoint(paths["target"])
-    assert d.pt_key == "generator_ema" and d.prefix == "model." and d.config == wl.TINY_DRAFTER_CONFIG
+    assert d.pt_key == "generator_ema" and d.prefix == "model." and d.config == tiny.TINY_DRAFTER_CONFIG
     assert t.format == "safetensors" and t.prefix == "model." and t.dtype == "bfloat16"
-    assert t.config == wl.TINY_TARGET_CONFIG
-    assert d.config["text_dim"] == t.config["text_dim"] == wl.TINY_TEXT_DIM
+    assert t.config == tiny.TINY_TARGET_CONFIG
+    assert d.config["text_dim"] == t.config["text_dim"] == tiny.TINY_TEXT_DIM
     for p in paths.values():
         out = _forward(wl.load_dit(p))
         assert torch.isfinite(out).all() and out.abs().max() < 50
@@ -237,7 +233,7 @@ def test_pickle_with_code_is_refused(tmp_path):
 
 
 def test_unknown_prefix_missing_keys_i2v_scaled(tmp_path, weights):
-    meta = {wl.META_NUM_HEADS: "2"}
+    meta = {wk.META_NUM_HEADS: "2"}
     save_file({"foo.bar." + k: v for k, v in weights.items()}, tmp_path / "prefix.safetensors", metadata=meta)
     _raises(tmp_path / "prefix.safetensors", "unknown prefix", "foo.bar.")
     partial = {k: v for k, v in weights.items() if "blocks.1.ffn" not in k}
@@ -260,7 +256,7 @@ def test_unknown_prefix_missing_keys_i2v_scaled(tmp_path, weights):
 
 def test_plain_fp8_file_loads(tmp_path, weights):
     fp8 = {k: v.to(torch.float8_e4m3fn) if v.ndim == 2 else v for k, v in weights.items()}
-    save_file(fp8, tmp_path / "plain_fp8.safetensors", metadata={wl.META_NUM_HEADS: "2"})
+    save_file(fp8, tmp_path / "plain_fp8.safetensors", metadata={wk.META_NUM_HEADS: "2"})
     info = wl.inspect_dit_checkpoint(tmp_path / "plain_fp8.safetensors")
     assert info.fp8 and not info.scaled_fp8
     out = _forward(wl.load_dit(tmp_path / "plain_fp8.safetensors"))

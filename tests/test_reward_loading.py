@@ -1,0 +1,173 @@
+"""ImageReward checkpoints: the official key layout and its map, config from shapes, file formats, vocab, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from sdvg.errors import ConfigError, ModelFileError
+from sdvg.fixtures.tiny import write_tiny_image_reward
+from sdvg.reward import ImageReward, ImageRewardConfig, build_mlp, build_modules
+from sdvg.reward_loading import SAFETENSORS_CONFIG_KEY, UNUSED_KEYS, infer_config, map_official_keys
+from tests.inputs import frames
+
+DATA = Path(__file__).resolve().parent / "data"
+PROMPT = "a red car on a city street at night"
+
+
+def _pattern(key: str) -> str:
+    return re.sub(r"\.(blocks|layer)\.\d+\.", r".\1.N.", key)
+
+
+def test_tiny_file_uses_official_layout(tiny_reward_path):
+    official = json.loads((DATA / "imagereward_v1_key_shapes.json").read_text())
+    state = torch.load(tiny_reward_path, map_location="cpu", weights_only=True)
+    assert {_pattern(k) for k in state} == {_pattern(k) for k in official}
+    assert tiny_reward_path.name == "sdvg_tiny_image_reward.pt" and tiny_reward_path.parent.name == "image_reward"
+    assert tiny_reward_path.stat().st_size < 25e6
+    assert tiny_reward_path.with_name("sdvg_tiny_image_reward.vocab.txt").is_file()
+
+
+def test_tiny_writer_deterministic(tiny_reward_path, tmp_path):
+    again = write_tiny_image_reward(tmp_path)
+    a = torch.load(tiny_reward_path, weights_only=True)
+    b = torch.load(again, weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_safetensors_copy_scores_identically(tiny_reward, tiny_reward_path, tmp_path):
+    from safetensors.torch import save_file
+
+    state = torch.load(tiny_reward_path, weights_only=True)
+    out = tmp_path / "ImageReward.safetensors"
+    heads = json.loads(tiny_reward_path.with_name(tiny_reward_path.stem + ".config.json").read_text())
+    save_file(state, str(out), metadata={SAFETENSORS_CONFIG_KEY: json.dumps(heads)})
+    shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")  # plain name
+    model = ImageReward.load(out)
+    assert model.config == tiny_reward.config
+    x = frames(5)
+    assert torch.equal(model.score(x, PROMPT), tiny_reward.score(x, PROMPT))
+
+
+def test_heads_default_width_over_64_without_sidecar(tiny_reward_path, tmp_path):
+    shutil.copy(tiny_reward_path, tmp_path / "m.pt")
+    shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")
+    model = ImageReward.load(tmp_path / "m.pt")
+    assert model.config.vision_heads == 1  # 64 // 64: the sidecar is what carries the tiny model's 2 heads
+
+
+def test_full_size_key_map_parity_on_meta():
+    shapes = json.loads((DATA / "imagereward_v1_key_shapes.json").read_text())
+    assert len(shapes) == 625
+    state = {k: torch.empty(v, device="meta") for k, v in shapes.items()}
+    cfg = infer_config({k: tuple(v) for k, v in shapes.items()})
+    assert cfg == ImageRewardConfig()  # ViT-L/16 224, 16 heads, BERT-base 12 layers, vocab 30524
+    mapped = map_official_keys(state)
+    assert not mapped.unknown
+    assert sorted(mapped.dropped) == sorted(UNUSED_KEYS)
+    with torch.device("meta"):
+        vision, text = build_modules(cfg)
+        mlp = build_mlp()
+    for module, sub in ((vision, mapped.vision), (text, mapped.text), (mlp, mapped.mlp)):
+        want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in sub.items()}
+        assert set(got) == set(want), (set(want) - set(got), set(got) - set(want))
+        assert got == want
+        result = module.load_state_dict(sub, strict=True, assign=True)
+        assert not result.missing_keys and not result.unexpected_keys
+    n_params = sum(v.numel() for k, v in state.items() if k not in UNUSED_KEYS)
+    assert 440e6 < n_params < 450e6
+
+
+def test_missing_vocab(tiny_reward_path, tmp_path):
+    shutil.copy(tiny_reward_path, tmp_path / "ImageReward.pt")
+    with pytest.raises(ModelFileError) as err:
+        ImageReward.load(tmp_path / "ImageReward.pt")
+    msg = str(err.value)
+    assert str(tmp_path / "vocab.txt") in msg and "bert-base-uncased" in msg and "30,522" in msg
+
+
+def test_vocab_size_mismatch(tiny_reward_path, tmp_path):
+    shutil.copy(tiny_reward_path, tmp_path / "ImageReward.pt")
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncat\n")
+    with pytest.raises(ModelFileError, match="Vocabulary mismatch.*8 tokens.*word embeddings"):
+        ImageReward.load(tmp_path / "ImageReward.pt")
+
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(ModelFileError, match="not found.*ImageReward.pt"):
+        ImageReward.load(tmp_path / "nope.pt")
+
+
+def test_wrong_checkpoint_wan_file(tmp_path):
+    from safetensors.torch import save_file
+
+    wan = {
+        "model.diffusion_model.blocks.0.self_attn.q.weight": torch.zeros(4, 4),
+        "model.diffusion_model.patch_embedding.weight": torch.zeros(4, 16, 1, 2, 2),
+        "model.diffusion_model.head.head.weight": torch.zeros(4, 4),
+    }
+    path = tmp_path / "wan2.1_t2v_1.3B_bf16.safetensors"
+    save_file(wan, str(path))
+    with pytest.raises(ModelFileError) as err:
+        ImageReward.load(path)
+    msg = str(err.value)
+    assert path.name in msg and "not an ImageReward checkpoint" in msg and "model.diffusion_model" in msg
+    torch.save({"generator": {"x": torch.zeros(1)}}, tmp_path / "self_forcing_dmd.pt")
+    with pytest.raises(ModelFileError, match="self_forcing_dmd.pt"):
+        ImageReward.load(tmp_path / "self_forcing_dmd.pt")
+    (tmp_path / "garbage.pt").write_bytes(b"not a pickle")
+    with pytest.raises(ModelFileError, match="weights_only"):
+        ImageReward.load(tmp_path / "garbage.pt")
+
+
+def test_incomplete_checkpoint_is_refused(tiny_reward_path, tmp_path):
+    state = torch.load(tiny_reward_path, weights_only=True)
+    del state["blip.text_encoder.encoder.layer.0.crossattention.self.key.weight"]
+    state["blip.extra.weight"] = torch.zeros(1)
+    torch.save(state, tmp_path / "bad.pt")
+    shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")
+    with pytest.raises(ModelFileError, match="unexpected tensors.*blip.extra.weight"):
+        ImageReward.load(tmp_path / "bad.pt")
+    del state["blip.extra.weight"]
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(ModelFileError, match="crossattention.self.key.weight"):
+        ImageReward.load(tmp_path / "bad.pt")
+
+
+def test_load_dtype_and_device_strings(tiny_reward, tiny_reward_path):
+    m = ImageReward.load(tiny_reward_path, device="auto" if not torch.cuda.is_available() else "cpu", dtype="bf16")
+    assert m.dtype == torch.bfloat16 and m.mlp[0].weight.dtype == torch.float32  # head stays fp32
+    x = frames(3)
+    s = m.score(x, PROMPT)
+    assert s.dtype == torch.float32 and torch.isfinite(s).all()
+    assert float((s - tiny_reward.score(x, PROMPT)).abs().max()) < 0.1  # bf16 trunk vs fp32
+    with pytest.raises(ConfigError, match="fp8"):
+        ImageReward.load(tiny_reward_path, dtype="fp8_e4m3fn")
+    with pytest.raises(ConfigError, match="device"):
+        ImageReward.load(tiny_reward_path, device="tpu:7")
+
+
+def test_find_checkpoint(tiny_reward_path, tmp_path):
+    from sdvg.reward_loading import find_checkpoint
+
+    assert find_checkpoint(tiny_reward_path.parent) == tiny_reward_path
+    (tmp_path / "ImageReward.pt").write_bytes(b"")
+    (tmp_path / "sdvg_tiny_image_reward.pt").write_bytes(b"")
+    assert find_checkpoint(tmp_path).name == "ImageReward.pt"
+    with pytest.raises(ModelFileError, match="No ImageReward checkpoint"):
+        find_checkpoint(tmp_path / "missing")
+
+
+def test_legacy_pickle_format_loads(tiny_reward, tiny_reward_path, tmp_path):
+    state = torch.load(tiny_reward_path, weights_only=True)
+    torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".config.json"), tmp_path / "legacy.config.json")
+    model = ImageReward.load(tmp_path / "legacy.pt", vocab=tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"))
+    x = frames(2)
+    assert torch.equal(model.score(x, PROMPT), tiny_reward.score(x, PROMPT))
