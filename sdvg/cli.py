@@ -3,144 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from .errors import SDVGError
+from . import cli_args
+from .errors import ConfigError, SDVGError
 
 EXIT_OK, EXIT_ERROR, EXIT_CANCELLED = 0, 2, 130
-MODES = {"speculative": "reward", "target-only": "target-only", "draft-only": "draft-only", "random": "random"}
-
-
-def _finite_or_inf(text: str) -> float:
-    value = float(text)
-    if math.isnan(value):
-        raise argparse.ArgumentTypeError("NaN is not a valid value")
-    return value
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models (default: the tiny preset, generated once into a cache folder)")
-    g.add_argument("--models", help="a ComfyUI-style models folder (diffusion_models/, vae/, text_encoders/, image_reward/)")
-    g.add_argument("--drafter", help="drafter DiT file (Self-Forcing 1.3B)")
-    g.add_argument("--target", help="target DiT file (Krea Realtime 14B)")
-    g.add_argument("--vae", help="Wan 2.1 VAE file")
-    g.add_argument("--text-encoder", help="UMT5-XXL encoder file")
-    g.add_argument("--reward", help="ImageReward.pt (vocab.txt beside it)")
-    g.add_argument("--device", default="auto", help="device for both DiTs: auto, cpu, cuda:N (default auto)")
-    g.add_argument("--aux-device", default=None, help="device for text encoder, VAE and reward (default: --device)")
-    g.add_argument("--dtype", default="auto", help="DiT weight dtype: auto, bf16, fp16, fp32, fp8_e4m3fn")
-    g.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads (default: torch's choice)")
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling")
-    size = g.add_mutually_exclusive_group()
-    size.add_argument("--blocks", type=int, help="number of 3-latent-frame blocks (default 7; 12·blocks−3 frames)")
-    size.add_argument("--frames", type=int, help="number of output frames (rounded up to whole blocks, then trimmed)")
-    g.add_argument("--width", type=int, help="multiple of 16 (default 832, tiny preset 64)")
-    g.add_argument("--height", type=int, help="multiple of 16 (default 480, tiny preset 64)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--cache", choices=["recompute", "global", "noisy"], default="recompute", help="KV-cache regime")
-    g.add_argument("--window", type=int, default=12, help="noisy regime: rolling window in latent frames")
-    g.add_argument("--sinks", type=int, default=3, help="noisy regime: pinned sink frames")
-    g.add_argument("--schedule", default="constant", help="constant | diagonal | '1000,750,500,250' | JSON list of lists")
-    g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
-    g.add_argument("--first-frame", choices=["reencode", "latent"], default="reencode",
-                   help="recompute regime: first context frame = an old pixel frame re-encoded (Krea) or latent 0")
-    g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
-    r = p.add_argument_group("routing")
-    r.add_argument("--mode", choices=list(MODES), default="speculative")
-    r.add_argument("--random-rate", type=float, default=0.5, help="accept rate of --mode random")
-    r.add_argument("--tau", type=_finite_or_inf, default=-0.7, help="acceptance threshold τ (inf = reject all, -inf = accept all)")
-    r.add_argument("--aggregation", choices=["min", "mean", "quantile"], default="min")
-    r.add_argument("--quantile", type=float, default=0.1, help="q for --aggregation quantile")
-    r.add_argument("--threshold", choices=["fixed", "target-rate", "relative"], default="fixed")
-    r.add_argument("--target-rate", type=float, default=0.72, help="accept rate aimed at by --threshold target-rate")
-    r.add_argument("--delta", type=float, default=0.5, help="--threshold relative: accept when q ≥ score(block 0) − δ")
-    r.add_argument("--no-force-reject-first", action="store_true", help="let block 0 be drafted too")
-    r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
-
-
-def router_config_from_args(args):
-    from .router import RouterConfig
-
-    return RouterConfig(
-        mode=MODES[args.mode],
-        tau=args.tau,
-        aggregation=args.aggregation,
-        q=args.quantile,
-        threshold=args.threshold,
-        target_rate=args.target_rate,
-        delta=args.delta,
-        force_reject_first=not args.no_force_reject_first,
-        random_rate=args.random_rate,
-        seed=args.seed,
-        early_exit=args.early_exit,
-    )
-
-
-def resolve_models(args, *, need: tuple[str, ...], log=None):
-    """Load the models the run needs; without --models or explicit files, use (and create) the tiny preset."""
-    from .fixtures.tiny import ensure_tiny, is_tiny_tree
-    from .pipeline import load_models
-
-    explicit = {k: getattr(args, k) for k in ("drafter", "target", "vae", "text_encoder", "reward")}
-    models_dir, tiny = args.models, False
-    if models_dir is None and not any(explicit.values()):
-        models_dir, created = ensure_tiny()
-        tiny = True
-        if log:
-            log(
-                f"Using the tiny preset in {models_dir} ({'created now' if created else 'cached'}). "
-                "Its random weights make noise videos; pass --models or model files for real ones."
-            )
-    if models_dir is not None and is_tiny_tree(models_dir):
-        tiny = True  # a make-tiny folder: default to the tiny size
-    models = load_models(
-        models_dir, **explicit, need=need, dit_device=args.device, aux_device=args.aux_device or args.device,
-        dtype=args.dtype,
-    )
-    return models, tiny
-
-
-def sampler_config_from_args(args, tiny: bool):
-    from .blocks import blocks_for_frames
-    from .regimes import CacheConfig, CacheRegime
-    from .sampler import SamplerConfig
-
-    blocks = args.blocks if args.blocks is not None else (blocks_for_frames(args.frames) if args.frames else 7)
-    from .fixtures.tiny import TINY_HEIGHT, TINY_WIDTH
-
-    return SamplerConfig(
-        num_blocks=blocks,
-        width=args.width or (TINY_WIDTH if tiny else 832),
-        height=args.height or (TINY_HEIGHT if tiny else 480),
-        seed=args.seed,
-        cache=CacheConfig(regime=CacheRegime(args.cache), window_frames=args.window, sink_frames=args.sinks,
-                          first_frame=args.first_frame),
-        schedule=_parse_schedule(args.schedule),
-        pipelined=args.pipelined,
-        refine_from_step=args.refine_from_step,
-        num_frames=args.frames,
-    )
-
-
-def _parse_schedule(text: str):
-    text = text.strip()
-    if text.startswith("["):
-        from .errors import ConfigError
-
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"--schedule is not valid JSON: {exc}") from exc
-    return text
 
 
 class _Progress:
@@ -169,6 +43,7 @@ class _Progress:
 
 
 def cmd_generate(args) -> int:
+    from .devices import set_cpu_threads
     from .pipeline import roles_needed
     from .report import render_timeline, summarize, write_report
     from .sampler import SpeculativeSampler
@@ -177,13 +52,13 @@ def cmd_generate(args) -> int:
     def log(msg: str) -> None:
         sys.stderr.write(msg + "\n")
 
-    from .devices import set_cpu_threads
-
     set_cpu_threads(args.threads)
-    router = router_config_from_args(args)
-    router.validate()
-    models, tiny = resolve_models(args, need=roles_needed(router.mode), log=log)
-    config = sampler_config_from_args(args, tiny)
+    # every setting is checked before a model loads: a typo never costs a 28 GB load
+    router = cli_args.router_config_from_args(args)
+    source = cli_args.model_source(args, log=log)
+    config = cli_args.sampler_config_from_args(args, source.tiny)
+    replace(router, num_blocks=config.num_blocks).validate()  # what depends on the length (a pattern's)
+    models = cli_args.load_from_source(source, args, need=roles_needed(router))
     sampler = SpeculativeSampler(models, router, config)
     progress = _Progress(config.num_blocks)
     interrupted = {"count": 0}
@@ -222,6 +97,69 @@ def cmd_generate(args) -> int:
     return EXIT_CANCELLED if result.partial else EXIT_OK
 
 
+def add_eval_parser(subparsers) -> None:
+    from .evaluate import DEFAULT_TAUS
+
+    p = subparsers.add_parser(
+        "eval", help="quality vs speed over a prompt file: target-only, draft-only, SDVG τ sweep, matched random",
+        description=evaluate_doc(),
+    )
+    p.add_argument("--prompts", required=True, help="text file, one prompt per line (see bench/prompts_sample.txt)")
+    p.add_argument("--out", required=True, help="output folder (results.csv, summary.csv, pareto.png, videos/); "
+                   "rerun with the same folder to resume")
+    p.add_argument("--taus", default=",".join(f"{t:g}" for t in DEFAULT_TAUS), help="τ sweep (default -2.5,-1.5,-0.7,-0.2)")
+    p.add_argument("--methods", default="target-only,draft-only,sdvg,random", help="subset of the four methods")
+    p.add_argument("--metric", action="append", default=[], help="external video metric module:callable "
+                   "(repeatable); e.g. sdvg.evaluate:temporal_flicker")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--max-rows", type=int, default=None, help="stop after N new rows (rerun to continue)")
+    p.add_argument("--no-videos", action="store_true", help="do not write mp4 files")
+    cli_args.add_model_args(p)
+    g = p.add_argument_group("sampling")
+    g.add_argument("--blocks", type=int, default=None, help="blocks per video (default 7; tiny preset 3)")
+    g.add_argument("--width", type=int, default=None)
+    g.add_argument("--height", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    cli_args.add_cache_args(g)
+    g.add_argument("--schedule", default="constant")
+    p.set_defaults(func=cmd_eval)
+
+
+def evaluate_doc() -> str:
+    from . import evaluate
+
+    return evaluate.__doc__.split("\n\n")[0]
+
+
+def cmd_eval(args) -> int:
+    from .devices import set_cpu_threads
+    from .evaluate import METHODS, evaluate, format_summary, load_metric, parse_taus, read_prompts
+
+    def log(msg: str) -> None:
+        sys.stderr.write(msg + "\n")  # CLI output of the command
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ConfigError(f"Unknown or empty --methods {list(bad or methods)}; use a comma list of {', '.join(METHODS)}.")
+    taus = parse_taus(args.taus)
+    prompts = read_prompts(args.prompts)[: args.limit] if args.limit else read_prompts(args.prompts)
+    metrics = [load_metric(spec) for spec in args.metric]
+    source = cli_args.model_source(args, log=log)
+    config = cli_args.sampler_config_from_args(args, source.tiny, default_blocks=3 if source.tiny else 7)
+    models = cli_args.load_from_source(source, args, need=cli_args.ROLES)
+    dev = models.target_device
+    set_cpu_threads(getattr(args, "threads", None), 1 if dev is not None and dev.type == "cpu" else None)
+    log(f"eval: {len(prompts)} prompt(s), methods {', '.join(methods)}, τ {', '.join(map(str, taus))}, "
+        f"{config.num_blocks} blocks at {config.width}x{config.height}, {set_cpu_threads(None)} thread(s)")
+    res = evaluate(models, prompts, args.out, taus=taus, methods=methods, sampler_config=config, metrics=metrics,
+                   max_rows=args.max_rows, save_videos=not args.no_videos, log=log)
+    sys.stdout.write(format_summary(res["summary"]) + "\n")  # CLI output of the command
+    state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
+    log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
+    return 0
+
+
 def cmd_make_tiny(args) -> int:
     from .fixtures.tiny import make_tiny
 
@@ -237,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate one video")
     gen.add_argument("--prompt", required=True)
-    add_model_args(gen)
-    add_sampling_args(gen)
+    cli_args.add_model_args(gen)
+    cli_args.add_sampling_args(gen)
     out = gen.add_argument_group("outputs")
     out.add_argument("--out", required=True, help="output .mp4")
     out.add_argument("--report", help="report JSON")
@@ -249,10 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny", help="write tiny random-weight models in the real formats")
     tiny.add_argument("dir")
     tiny.set_defaults(func=cmd_make_tiny)
-    from . import bench, evaluate  # an import error here is a bug to see, not a subcommand to drop
+    from .bench import cli as bench_cli  # an import error here is a bug to see, not a subcommand to drop
 
-    bench.add_parser(sub)
-    evaluate.add_parser(sub)
+    bench_cli.add_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 

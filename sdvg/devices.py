@@ -15,6 +15,8 @@ DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
 }
 FP8_STORAGE = "fp8_e4m3fn"
+DIT_DTYPES = ("auto", "bf16", "fp16", "fp32", FP8_STORAGE)  # the DiT weight choices (CLI --dtype, loader node)
+AUX_DTYPES = ("auto", "bf16", "fp16", "fp32")  # text encoder, VAE, reward
 
 
 def resolve_device(spec: str | torch.device | None, *, what: str = "model") -> torch.device:

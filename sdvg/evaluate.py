@@ -5,9 +5,9 @@ For every prompt (one per line; blank lines and lines starting with ``#`` are sk
 1. ``target-only`` — the reference for speed and quality;
 2. ``draft-only``;
 3. ``sdvg`` at every τ of ``--taus`` (reward routing, worst-frame ImageReward vs τ);
-4. ``random`` at matched acceptance for every τ: the random router with a router seed whose draws accept exactly as
-   many drafted blocks as ``sdvg`` at that τ accepted on the same prompt (so reward routing is compared with random
-   routing at equal cost).
+4. ``random`` at matched acceptance for every τ: exactly as many accepted drafts as ``sdvg`` at that τ accepted on the
+   same prompt, at blocks drawn at random (the router's ``pattern`` mode; ``router_seed`` is the draw's seed), so
+   reward routing is compared with random routing at equal cost.
 
 Each row: wall time, speedup (target-only wall / row wall, same prompt, same process), acceptance, the ImageReward
 of every output frame against the prompt (mean and min), retention relative to target-only (mean ImageReward ratio,
@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,7 +38,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from .devices import set_cpu_threads
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -53,6 +51,7 @@ BASE_COLUMNS = (
     "drafted", "pattern", "ir_mean", "ir_min", "ir_retention", "ir_delta", "router_seed", "video",
 )
 METRIC_PREFIX = "m_"
+METHODS = ("target-only", "draft-only", "sdvg", "random")
 
 
 @runtime_checkable
@@ -102,6 +101,16 @@ def read_prompts(path: str | Path) -> list[str]:
     if not prompts:
         raise ConfigError(f"The prompt file {p} has no prompts (one per line; '#' starts a comment).")
     return prompts
+
+
+def parse_taus(text: str) -> tuple[float, ...]:
+    try:
+        taus = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise ConfigError(f"--taus must be comma-separated numbers, got {text!r}.") from exc
+    if not taus or any(not math.isfinite(t) for t in taus):
+        raise ConfigError(f"--taus needs finite numbers, got {text!r}.")
+    return taus
 
 
 def tau_key(tau: float | None) -> str:
@@ -241,7 +250,7 @@ def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None,
         "pattern": _pattern_string(result.blocks), "ir_mean": ir_mean, "ir_min": ir_min,
         "ir_retention": (ir_mean / ref_ir) if ref_ir is not None and ref_ir > 0 else None,
         "ir_delta": (ir_mean - ref_ir) if ref_ir is not None else None,
-        "router_seed": router.seed if router.mode == "random" else None,
+        "router_seed": router.seed if router.mode == "pattern" else None,
         "video": str(video.relative_to(out_dir)) if video is not None else None,
     }
     cpu_frames = frames.detach().float().cpu()
@@ -272,12 +281,11 @@ def plan_rows(n_prompts: int, taus: Sequence[float], methods: Sequence[str]) -> 
 
 
 def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Sequence[float] = DEFAULT_TAUS,
-             methods: Sequence[str] = ("target-only", "draft-only", "sdvg", "random"), sampler_config=None,
+             methods: Sequence[str] = METHODS, sampler_config=None,
              metrics: Sequence[tuple[str, Callable]] = (), max_rows: int | None = None, save_videos: bool = True,
              warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}."""
-    from .bench import exact_pattern_seed
-    from .router import RouterConfig
+    from .router import RouterConfig, random_pattern
     from .sampler import SamplerConfig
 
     if "target-only" not in methods and any(m != "target-only" for m in methods):
@@ -322,9 +330,8 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
                     log(f"  skip p{pid} random τ={tau_key(tau)}: no sdvg row at that τ to match")
                 continue
             accepted, drafted = int(matched["accepted"]), int(matched["drafted"])
-            level = accepted / drafted if drafted else 0.0
-            seed, _ = exact_pattern_seed(drafted, level)
-            router = RouterConfig(mode="random", random_rate=level, seed=seed)
+            # random routing at exactly the acceptance reward routing reached: as many accepts, at random blocks
+            router = RouterConfig(mode="pattern", pattern=random_pattern(drafted, accepted, seed=pid), seed=pid)
         row = run_row(models, prompts[pid], pid, method, tau, config=config, router=router, out_dir=out,
                       reference=reference, metrics=metrics, embeds=embeds_for(pid), save_video=save_videos)
         results.append(row)
@@ -425,136 +432,35 @@ def write_summary(summary: Sequence[dict], path: Path) -> Path:
     return path
 
 
+PARETO_COLORS = {"target-only": (70, 110, 200), "draft-only": (120, 120, 120), "sdvg": (219, 109, 40),
+                 "random": (46, 160, 67)}
+FRONT_COLOR = (200, 40, 40)
+
+
 def render_pareto(summary: Sequence[dict], path: Path, *, width: int = 820, height: int = 520) -> Path:
     """Quality (mean ImageReward of the outputs) vs speedup per method/τ; the Pareto front is connected."""
-    from PIL import Image, ImageDraw, ImageFont
+    from .plotting import BLACK, Chart, linspace, nice_range
 
-    img = Image.new("RGB", (width, height), (255, 255, 255))
-    d = ImageDraw.Draw(img)
-    font = ImageFont.load_default()
+    right = width - 170
+    chart = Chart(width, height, (80, 40, right, height - 60),
+                  title="SDVG eval: mean ImageReward of the output vs speedup over target-only (Pareto front: line)")
+    chart.frame()
     pts = [s for s in summary if s["speedup"] is not None]
-    left, right, top, bottom = 80, width - 170, 40, height - 60
-    d.rectangle([left, top, right, bottom], outline=(0, 0, 0))
-    d.text((left, 12), "SDVG eval: mean ImageReward of the output vs speedup over target-only (Pareto front: line)",
-           fill=(0, 0, 0), font=font)
-    d.text((left + (right - left) / 2 - 70, bottom + 32), "speedup over target-only (x)", fill=(0, 0, 0), font=font)
     if pts:
         xs = [p["speedup"] for p in pts]
-        ys = [p["ir_mean"] for p in pts]
-        x0, x1 = min(xs + [1.0]) * 0.95, max(xs) * 1.05
-        y_pad = (max(ys) - min(ys)) * 0.1 or 0.1
-        y0, y1 = min(ys) - y_pad, max(ys) + y_pad
-        if x1 <= x0:
-            x1 = x0 + 1.0
-
-        def px(x: float, y: float) -> tuple[float, float]:
-            return left + (x - x0) / (x1 - x0) * (right - left), bottom - (y - y0) / (y1 - y0) * (bottom - top)
-
-        for i in range(6):
-            x = x0 + (x1 - x0) * i / 5
-            y = y0 + (y1 - y0) * i / 5
-            d.text((px(x, y0)[0] - 12, bottom + 8), f"{x:.2f}", fill=(0, 0, 0), font=font)
-            d.text((left - 55, px(x0, y)[1] - 6), f"{y:+.3f}", fill=(0, 0, 0), font=font)
-            d.line([(left, px(x0, y)[1]), (right, px(x0, y)[1])], fill=(235, 235, 235))
-        colors = {"target-only": (70, 110, 200), "draft-only": (120, 120, 120), "sdvg": (219, 109, 40),
-                  "random": (46, 160, 67)}
+        chart.set_range((min(xs + [1.0]) * 0.95, max(xs) * 1.05), nice_range([p["ir_mean"] for p in pts]))
+        chart.x_ticks(linspace(*chart.x_range, 6), lambda v: f"{v:.2f}", label="speedup over target-only (x)")
+        chart.y_ticks(linspace(*chart.y_range, 6), lambda v: f"{v:+.3f}")
         front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["speedup"])
-        if len(front) > 1:
-            d.line([px(p["speedup"], p["ir_mean"]) for p in front], fill=(200, 40, 40), width=2)
+        chart.line([(p["speedup"], p["ir_mean"]) for p in front], FRONT_COLOR)
         for p in pts:
-            x, y = px(p["speedup"], p["ir_mean"])
-            c = colors.get(p["method"], (0, 0, 0))
-            d.ellipse([x - 5, y - 5, x + 5, y + 5], fill=c, outline=(0, 0, 0) if p["pareto"] else c)
-            label = p["method"] if not p["tau"] else f"{p['method']} tau={p['tau']}"
-            d.text((x + 7, y - 6), label, fill=(60, 60, 60), font=font)
-        ly = top
-        for m, c in colors.items():
-            d.ellipse([right + 15, ly + 2, right + 23, ly + 10], fill=c)
-            d.text((right + 30, ly), m, fill=(0, 0, 0), font=font)
-            ly += 18
-        d.line([(right + 12, ly + 6), (right + 26, ly + 6)], fill=(200, 40, 40), width=2)
-        d.text((right + 30, ly), "Pareto front", fill=(0, 0, 0), font=font)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    img.save(tmp)
-    os.replace(tmp, path)
-    return path
-
-
-# ----------------------------------------------------------------------------------------------------------
-# CLI
-
-
-def _parse_taus(text: str) -> tuple[float, ...]:
-    try:
-        taus = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError as exc:
-        raise ConfigError(f"--taus must be comma-separated numbers, got {text!r}.") from exc
-    if not taus or any(not math.isfinite(t) for t in taus):
-        raise ConfigError(f"--taus needs finite numbers, got {text!r}.")
-    return taus
-
-
-def add_parser(subparsers) -> None:
-    from .cli import add_model_args
-
-    p = subparsers.add_parser(
-        "eval", help="quality vs speed over a prompt file: target-only, draft-only, SDVG τ sweep, matched random",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("--prompts", required=True, help="text file, one prompt per line (see bench/prompts_sample.txt)")
-    p.add_argument("--out", required=True, help="output folder (results.csv, summary.csv, pareto.png, videos/); "
-                   "rerun with the same folder to resume")
-    p.add_argument("--taus", default=",".join(f"{t:g}" for t in DEFAULT_TAUS), help="τ sweep (default -2.5,-1.5,-0.7,-0.2)")
-    p.add_argument("--methods", default="target-only,draft-only,sdvg,random", help="subset of the four methods")
-    p.add_argument("--metric", action="append", default=[], help="external video metric module:callable "
-                   "(repeatable); e.g. sdvg.evaluate:temporal_flicker")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--max-rows", type=int, default=None, help="stop after N new rows (rerun to continue)")
-    p.add_argument("--no-videos", action="store_true", help="do not write mp4 files")
-    add_model_args(p)
-    g = p.add_argument_group("sampling")
-    g.add_argument("--blocks", type=int, default=None, help="blocks per video (default 7; tiny preset 3)")
-    g.add_argument("--width", type=int, default=None)
-    g.add_argument("--height", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--cache", choices=["recompute", "global", "noisy"], default="recompute")
-    g.add_argument("--schedule", default="constant")
-    p.set_defaults(func=cmd_eval)
-
-
-def cmd_eval(args) -> int:
-    from .cli import resolve_models
-    from .fixtures.tiny import TINY_HEIGHT, TINY_WIDTH
-    from .regimes import CacheConfig
-    from .sampler import SamplerConfig
-
-    def log(msg: str) -> None:
-        sys.stderr.write(msg + "\n")  # CLI output of the command
-
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    bad = [m for m in methods if m not in ("target-only", "draft-only", "sdvg", "random")]
-    if bad:
-        raise ConfigError(f"Unknown --methods {bad}; use target-only, draft-only, sdvg, random.")
-    taus = _parse_taus(args.taus)
-    prompts = read_prompts(args.prompts)[: args.limit] if args.limit else read_prompts(args.prompts)
-    metrics = [load_metric(spec) for spec in args.metric]
-    models, tiny = resolve_models(args, need=("drafter", "target", "vae", "text_encoder", "reward"), log=log)
-    dev = models.target_device
-    set_cpu_threads(getattr(args, "threads", None), 1 if dev is not None and dev.type == "cpu" else None)
-    config = SamplerConfig(
-        num_blocks=args.blocks or (3 if tiny else 7),
-        width=args.width or (TINY_WIDTH if tiny else 832), height=args.height or (TINY_HEIGHT if tiny else 480),
-        seed=args.seed, cache=CacheConfig(regime=args.cache), schedule=args.schedule,
-    )
-    log(f"eval: {len(prompts)} prompt(s), methods {', '.join(methods)}, τ {', '.join(map(str, taus))}, "
-        f"{config.num_blocks} blocks at {config.width}x{config.height}, {torch.get_num_threads()} thread(s)")
-    res = evaluate(models, prompts, args.out, taus=taus, methods=methods, sampler_config=config, metrics=metrics,
-                   max_rows=args.max_rows, save_videos=not args.no_videos, log=log)
-    sys.stdout.write(format_summary(res["summary"]) + "\n")  # CLI output of the command
-    state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
-    log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
-    return 0
+            color = PARETO_COLORS.get(p["method"], BLACK)
+            chart.marker(p["speedup"], p["ir_mean"], color, size=5, outline=BLACK if p["pareto"] else None)
+            x, y = chart.px(p["speedup"], p["ir_mean"])
+            chart.text((x + 7, y - 6), p["method"] if not p["tau"] else f"{p['method']} tau={p['tau']}", (60, 60, 60))
+        legend = [(m, c, "dot") for m, c in PARETO_COLORS.items()] + [("Pareto front", FRONT_COLOR, "line")]
+        chart.legend((right + 12, 40), legend)
+    return chart.save(path)
 
 
 def format_summary(summary: Sequence[dict]) -> str:

@@ -5,11 +5,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .devices import resolve_device
 from .errors import ConfigError, ModelFileError
+
+if TYPE_CHECKING:
+    from .reward import ImageReward
+    from .router import RouterConfig
+    from .text_encoder import TextEncoder
+    from .vae import StreamingVAE
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +44,14 @@ class SDVGModels:
 
     target: torch.nn.Module | None
     drafter: torch.nn.Module | None
-    vae: object
-    text_encoder: object | None = None
-    reward: object | None = None
+    vae: StreamingVAE
+    text_encoder: TextEncoder | None = None
+    reward: ImageReward | None = None
 
     @property
     def target_device(self) -> torch.device | None:
         return _module_device(self.target)
 
-    @property
-    def drafter_device(self) -> torch.device | None:
-        return _module_device(self.drafter)
 
 
 def _module_device(module: torch.nn.Module | None) -> torch.device | None:
@@ -122,11 +126,8 @@ def load_models(
     )
 
 
-def roles_needed(mode: str) -> tuple[str, ...]:
-    """Which models a routing mode uses (``target-only`` needs no drafter and no reward)."""
-    base = ("vae", "text_encoder")
-    if mode == "target-only":
-        return ("target", *base)
-    if mode in ("random", "draft-only"):
-        return ("drafter", "target", *base)
-    return ("drafter", "target", *base, "reward")
+def roles_needed(router: RouterConfig) -> tuple[str, ...]:
+    """Which models a run with these routing settings uses (``target-only`` needs no drafter; only scored drafts
+    need the reward model)."""
+    roles = ("target",) if router.mode == "target-only" else ("drafter", "target")
+    return (*roles, "vae", "text_encoder", *(("reward",) if router.scores_drafts else ()))

@@ -173,6 +173,27 @@ class RouteRecord:
         return to_jsonable(asdict(self))
 
 
+def parse_pattern(text: str) -> tuple[bool, ...]:
+    """``"AARA"`` (A = accept, R = reject; spaces, commas and case ignored) → the pattern of mode ``pattern``."""
+    letters = [c for c in str(text).upper() if c not in " ,"]
+    bad = sorted({c for c in letters if c not in "AR"})
+    if bad or not letters:
+        raise ConfigError(
+            f"A routing pattern is a string of A (accept) and R (reject), one letter per drafted block, e.g. 'AARA'; "
+            f"got {text!r}."
+        )
+    return tuple(c == "A" for c in letters)
+
+
+def random_pattern(drafted: int, accepted: int, seed: int) -> tuple[bool, ...]:
+    """A pattern that accepts exactly ``accepted`` of ``drafted`` blocks, chosen uniformly at random by ``seed``:
+    random routing at an exact acceptance (benchmarks, matched-acceptance baselines)."""
+    if not 0 <= accepted <= drafted:
+        raise ConfigError(f"Cannot accept {accepted} of {drafted} drafted blocks.")
+    chosen = set(random.Random(seed).sample(range(drafted), accepted))
+    return tuple(i in chosen for i in range(drafted))
+
+
 def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -4,7 +4,6 @@ dry run on meta. No timing thresholds here (CI machines vary); the goals are che
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -89,14 +88,28 @@ def test_pattern_counts_recompute():
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("level", bench.LEVELS)
-def test_exact_pattern_seed_matches_the_random_router(n, level):
-    seed, pattern = bench.exact_pattern_seed(n, level)
-    assert sum(pattern) == round(level * n)
-    router = Router(RouterConfig(mode="random", random_rate=level, seed=seed))
+def test_level_pattern_is_exact_and_drives_the_pattern_router(n, level):
+    pattern = bench.level_pattern(n, level, seed=3)
+    assert len(pattern) == n and sum(pattern) == round(level * n)
+    assert pattern == bench.level_pattern(n, level, seed=3)  # seeded: the same pattern every pass
+    router = Router(RouterConfig(mode="pattern", pattern=pattern, num_blocks=n + 1))
     decisions = [router.decide(b).decision == "accept" for b in range(1, n + 1)]
-    assert decisions == pattern
-    rng = random.Random(seed)
-    assert pattern == [rng.random() < level for _ in range(n)]
+    assert decisions == list(pattern)
+
+
+def test_pattern_counts_follow_each_regimes_policy():
+    from sdvg.regimes import CacheConfig
+
+    steps, accept = [4, 3, 2, 2], [True, False, True]
+    glob = bench.pattern_counts(accept, steps=steps, policy=CacheConfig("global").policy(), scored=False)
+    noisy = bench.pattern_counts(accept, steps=steps, policy=CacheConfig("noisy").policy(), scored=False)
+    # global: every committed block gets one clean pass in each model that later needs it
+    # (drafter: 0 | 1 | 2 → 3 writes; target: 0, 1 when it redoes block 2 → 2 writes)
+    assert glob["drafter"] == 3 + 2 + 2 + 3 and glob["target"] == 4 + 2 + 2
+    # noisy: a model's own committed blocks are free, the other model's cost one write each
+    # (drafter: 0 | 2 (the target's redo) → 2 writes; target: 1 (an accepted draft) → 1 write)
+    assert noisy["drafter"] == 3 + 2 + 2 + 2 and noisy["target"] == 4 + 2 + 1
+    assert glob["encode"] == noisy["encode"] == 0 and glob["decode"] == 4 + 1
 
 
 def test_busy_seconds_is_the_union_of_intervals():
@@ -189,17 +202,13 @@ def test_interleaved_runs_give_the_same_videos_as_runs_alone(tiny_models):
     step): every run's frames, latents and decisions must be bit-identical to the same run on its own."""
     s = bench.BenchSettings(blocks=4, repeats=1, warmup=0)
     embeds = tiny_models.text_encoder.encode(s.prompt)
-    pattern = bench.exact_pattern_seed(3, 1 / 3)
+    pattern = bench.level_pattern(3, 1 / 3)
     variants = [bench.Variant("target-only", "target-only"), bench.Variant("scored", "scored", 1 / 3),
                 bench.Variant("pipelined", "scored", 1 / 3, pipelined=True),
                 bench.Variant("noisy", "random", 1 / 3, regime="noisy")]
-    instr = bench.Instrument(torch.device("cpu")).install(tiny_models)
-    try:
-        alone = {v.name: bench.run_once(tiny_models, v, s, instr, embeds, pattern) for v in variants}
-        live = [bench.LiveRun(tiny_models, v, s, embeds, pattern) for v in variants]
-        bench.run_interleaved(live, instr)
-    finally:
-        instr.uninstall()
+    alone = {v.name: bench.run_once(tiny_models, v, s, embeds, pattern) for v in variants}
+    live = [bench.LiveRun(tiny_models, v, s, embeds, pattern) for v in variants]
+    bench.run_interleaved(live)
     for r in live:
         m_alone, res_alone = alone[r.variant.name]
         assert torch.equal(r.result.frames, res_alone.frames), r.variant.name
@@ -209,7 +218,7 @@ def test_interleaved_runs_give_the_same_videos_as_runs_alone(tiny_models):
         assert m.counts == m_alone.counts  # each run's calls were traced to it, not to its neighbours
         assert len(m.segments) == s.blocks + 1 and m.wall == pytest.approx(sum(m.segments))
     drafted = [b.decision == "accept" for b in live[1].result.blocks if b.drafted]
-    assert drafted == pattern[1] and sum(drafted) == 1  # the pattern was forced
+    assert drafted == list(pattern) and sum(drafted) == 1  # the pattern was forced
 
 
 def test_bench_with_only_the_baseline_left_runs_it_alone(tiny_dir, tmp_path, capsys):
@@ -250,17 +259,18 @@ def test_real_size_model_builder_runs_the_bench_at_tiny_shapes():
     """The real-size code path (random DiTs/VAE/ImageReward built in place) end to end, at tiny shapes on the CPU."""
     from dataclasses import replace
 
+    from sdvg.fixtures.random_models import RealSizeSpec, build_real_size_models
     from sdvg.fixtures.tiny import TINY_DRAFTER_CONFIG, TINY_REWARD_CONFIG, TINY_TARGET_CONFIG, tiny_reward_vocab
 
     configs = {"drafter": TINY_DRAFTER_CONFIG, "target": TINY_TARGET_CONFIG, "vae_base_dim": 2,
                "reward": replace(TINY_REWARD_CONFIG, vocab_size=len(tiny_reward_vocab()) + 2)}
-    spec = bench.RealSizeSpec(dtype=torch.float32)
+    spec = RealSizeSpec(dtype=torch.float32)
     device = torch.device("cpu")
-    models = bench.build_real_size_models(device, spec, configs=configs)
+    models = build_real_size_models(device, spec, configs=configs)
     s = bench.BenchSettings(profile="real-size", blocks=2, width=32, height=32, repeats=1, warmup=0, levels=(1.0,))
     embeds = torch.randn(1, 8, TINY_DRAFTER_CONFIG["text_dim"])
     variants = [bench.Variant("target-only", "target-only"), bench.Variant("scored @100%", "scored", 1.0)]
-    report = bench.run_bench(models, s, device=device, embeds=embeds, variants=variants, sanitize_frames=True)
+    report = bench.run_bench(models, s, device=device, embeds=embeds, variants=variants)
     assert report["settings"]["interleave"] == 0  # real size: every run on its own by default
     assert [r["name"] for r in report["rows"]] == ["target-only", "scored @100%"]
     assert report["rows"][1]["peak_measured"] == "alone" and report["rows"][1]["paired_speedups"] is None
@@ -311,5 +321,5 @@ def test_estimator_spread_script_on_a_synthetic_bursty_report(tmp_path, capsys):
 
 
 def test_flatness_needs_at_least_four_steady_blocks():
-    assert bench._growth([1.0, 2.0, 2.2], start=1) is None  # two steady blocks: no verdict
-    assert bench._growth([1.0, 2.0, 2.0, 3.0, 3.0], start=1) == pytest.approx(0.5)
+    assert bench.per_block_growth([1.0, 2.0, 2.2], start=1) is None  # two steady blocks: no verdict
+    assert bench.per_block_growth([1.0, 2.0, 2.0, 3.0, 3.0], start=1) == pytest.approx(0.5)

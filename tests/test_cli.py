@@ -55,16 +55,38 @@ def test_missing_file_is_named(tmp_path, capsys):
     assert str(missing) in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad", [["--width", "50"], ["--tau", "nan"], ["--threads", "0"]])
-def test_bad_settings_exit_with_a_message(tiny_dir, tmp_path, bad):
-    proc = subprocess.run(
-        [sys.executable, "-m", "sdvg", "generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu",
-         "--out", str(tmp_path / "v.mp4"), *bad],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 2
-    assert ("multiples of 16" in proc.stderr) or ("NaN" in proc.stderr) or ("--threads must be" in proc.stderr)
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (["--width", "50"], "multiples of 16"),
+        (["--width", "0"], "multiples of 16"),  # 0 is not "the default"
+        (["--blocks", "0"], "num_blocks must be at least 1"),
+        (["--tau", "nan"], "NaN is not a valid value"),
+        (["--threads", "0"], "--threads must be"),
+        (["--schedule", "500,750"], "not strictly decreasing"),
+        (["--cache", "noisy", "--window", "4"], "window_frames (4) must be at least"),
+        (["--mode", "pattern"], "--pattern goes with --mode pattern"),
+        (["--mode", "pattern", "--pattern", "AXR"], "string of A (accept) and R (reject)"),
+        (["--mode", "pattern", "--pattern", "AR", "--blocks", "7"], "one entry per drafted block"),
+    ],
+)
+def test_bad_settings_exit_with_their_own_message_before_any_model_loads(tmp_path, capsys, bad, message):
+    missing = tmp_path / "not-there.safetensors"  # loading it would fail: the setting must be refused first
+    try:
+        code = main(["generate", "--prompt", "x", "--target", str(missing), "--drafter", str(missing), "--device",
+                     "cpu", "--out", str(tmp_path / "v.mp4"), *bad])
+    except SystemExit as exc:  # argparse refuses its own types with exit code 2
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "not-there" not in err
     assert not (tmp_path / "v.mp4").exists()
+
+
+def test_cli_exit_code_is_2_in_a_real_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sdvg", "generate", "--prompt", "x", "--width", "50",
+                           "--out", str(tmp_path / "v.mp4")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "multiples of 16" in proc.stderr
 
 
 def test_make_tiny_command(tmp_path):

@@ -108,7 +108,7 @@ def test_load_metric_and_inputs():
         with pytest.raises(ConfigError):
             ev.load_metric(bad)
     with pytest.raises(ConfigError):
-        ev._parse_taus("a,b")
+        ev.parse_taus("a,b")
     assert ev.plan_rows(1, (-1.0, 0.0), ("target-only", "draft-only", "sdvg", "random")) == [
         (0, "target-only", None), (0, "draft-only", None), (0, "sdvg", -1.0), (0, "sdvg", 0.0),
         (0, "random", -1.0), (0, "random", 0.0)]

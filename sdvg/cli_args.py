@@ -1,0 +1,161 @@
+"""Command-line arguments shared by ``generate``, ``eval`` and ``bench``: the model files and devices, the sampling
+and routing settings, and turning them into engine configs.
+
+Everything is checked before a model loads: :func:`model_source` only looks at paths (it writes the tiny preset
+when no model is named), :func:`router_config_from_args` and :func:`sampler_config_from_args` return validated
+configs, and :func:`load_from_source` loads the models last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .blocks import blocks_for_frames
+from .devices import DIT_DTYPES
+from .errors import ConfigError
+from .regimes import FIRST_FRAME_SOURCES, REGIMES, CacheConfig
+from .router import AGGREGATIONS, MODES, THRESHOLDS, RouterConfig, parse_pattern
+
+ROLES = ("drafter", "target", "vae", "text_encoder", "reward")
+# the CLI calls the reward routing mode "speculative"; every other mode keeps its engine name
+CLI_MODES = {("speculative" if m == "reward" else m): m for m in MODES}
+DEFAULT_SIZE = (832, 480)
+
+
+def _finite_or_inf(text: str) -> float:
+    value = float(text)
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError("NaN is not a valid value")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models (default: the tiny preset, generated once into a cache folder)")
+    g.add_argument("--models", help="a ComfyUI-style models folder (diffusion_models/, vae/, text_encoders/, image_reward/)")
+    g.add_argument("--drafter", help="drafter DiT file (Self-Forcing 1.3B)")
+    g.add_argument("--target", help="target DiT file (Krea Realtime 14B)")
+    g.add_argument("--vae", help="Wan 2.1 VAE file")
+    g.add_argument("--text-encoder", help="UMT5-XXL encoder file")
+    g.add_argument("--reward", help="ImageReward.pt (vocab.txt beside it)")
+    g.add_argument("--device", default="auto", help="device for both DiTs: auto, cpu, cuda:N (default auto)")
+    g.add_argument("--aux-device", default=None, help="device for text encoder, VAE and reward (default: --device)")
+    g.add_argument("--dtype", default="auto", choices=DIT_DTYPES, help="DiT weight dtype")
+    g.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads (default: torch's choice)")
+
+
+def add_cache_args(g) -> None:
+    g.add_argument("--cache", choices=REGIMES, default="recompute", help="KV-cache regime")
+    g.add_argument("--window", type=int, default=12, help="noisy regime: rolling window in latent frames")
+    g.add_argument("--sinks", type=int, default=3, help="noisy regime: pinned sink frames")
+    g.add_argument("--first-frame", choices=FIRST_FRAME_SOURCES, default="reencode",
+                   help="recompute regime: first context frame = an old pixel frame re-encoded (Krea) or latent 0")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    size = g.add_mutually_exclusive_group()
+    size.add_argument("--blocks", type=int, help="number of 3-latent-frame blocks (default 7; 12·blocks−3 frames)")
+    size.add_argument("--frames", type=int, help="number of output frames (rounded up to whole blocks, then trimmed)")
+    g.add_argument("--width", type=int, help="multiple of 16 (default 832, tiny preset 64)")
+    g.add_argument("--height", type=int, help="multiple of 16 (default 480, tiny preset 64)")
+    g.add_argument("--seed", type=int, default=0)
+    add_cache_args(g)
+    g.add_argument("--schedule", default="constant", help="constant | diagonal | '1000,750,500,250' | JSON list of lists")
+    g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
+    g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
+    r = p.add_argument_group("routing")
+    r.add_argument("--mode", choices=list(CLI_MODES), default="speculative")
+    r.add_argument("--random-rate", type=float, default=0.5, help="accept rate of --mode random")
+    r.add_argument("--pattern", default=None, help="--mode pattern: A/R per drafted block, e.g. AARAAR")
+    r.add_argument("--tau", type=_finite_or_inf, default=-0.7, help="acceptance threshold τ (inf = reject all, -inf = accept all)")
+    r.add_argument("--aggregation", choices=AGGREGATIONS, default="min")
+    r.add_argument("--quantile", type=float, default=0.1, help="q for --aggregation quantile")
+    r.add_argument("--threshold", choices=THRESHOLDS, default="fixed")
+    r.add_argument("--target-rate", type=float, default=0.72, help="accept rate aimed at by --threshold target-rate")
+    r.add_argument("--delta", type=float, default=0.5, help="--threshold relative: accept when q ≥ score(block 0) − δ")
+    r.add_argument("--no-force-reject-first", action="store_true", help="let block 0 be drafted too")
+    r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
+
+
+def router_config_from_args(args) -> RouterConfig:
+    mode = CLI_MODES[args.mode]
+    if (args.pattern is not None) != (mode == "pattern"):
+        raise ConfigError("--pattern goes with --mode pattern (and --mode pattern needs --pattern, e.g. AARA).")
+    return RouterConfig(
+        mode=mode, tau=args.tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
+        target_rate=args.target_rate, delta=args.delta, force_reject_first=not args.no_force_reject_first,
+        random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit,
+        pattern=parse_pattern(args.pattern) if args.pattern is not None else None,
+    ).validate()
+
+
+def cache_config_from_args(args) -> CacheConfig:
+    return CacheConfig(regime=args.cache, window_frames=getattr(args, "window", 12),
+                       sink_frames=getattr(args, "sinks", 3), first_frame=getattr(args, "first_frame", "reencode"))
+
+
+def sampler_config_from_args(args, tiny: bool, *, default_blocks: int = 7):
+    """The validated ``SamplerConfig`` (sizes default to the tiny preset's when it is the model source)."""
+    from .fixtures.tiny import TINY_HEIGHT, TINY_WIDTH
+    from .sampler import SamplerConfig
+
+    frames = getattr(args, "frames", None)
+    blocks = args.blocks if args.blocks is not None else (blocks_for_frames(frames) if frames else default_blocks)
+    width, height = (TINY_WIDTH, TINY_HEIGHT) if tiny else DEFAULT_SIZE
+    return SamplerConfig(
+        num_blocks=blocks,
+        width=width if args.width is None else args.width,
+        height=height if args.height is None else args.height,
+        seed=args.seed,
+        cache=cache_config_from_args(args),
+        schedule=_parse_schedule(args.schedule),
+        pipelined=getattr(args, "pipelined", False),
+        refine_from_step=getattr(args, "refine_from_step", None),
+        num_frames=frames,
+    ).validate()
+
+
+def _parse_schedule(text: str):
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"--schedule is not valid JSON: {exc}") from exc
+    return text
+
+
+@dataclass
+class ModelSource:
+    """Where the models come from: a models tree and/or explicit files; ``tiny`` when it is the tiny preset."""
+
+    models_dir: Path | None
+    files: dict[str, str | None]
+    tiny: bool
+
+
+def model_source(args, *, log=None) -> ModelSource:
+    """Decide where the models come from, without loading any. With no ``--models`` and no file, the tiny preset is
+    used (written into the cache folder the first time) and said so."""
+    from .fixtures.tiny import ensure_tiny, is_tiny_tree
+
+    files = {k: getattr(args, k) for k in ROLES}
+    models_dir = Path(args.models) if args.models is not None else None
+    if models_dir is None and not any(files.values()):
+        models_dir, created = ensure_tiny()
+        if log:
+            log(f"Using the tiny preset in {models_dir} ({'created now' if created else 'cached'}). "
+                "Its random weights make noise videos; pass --models or model files for real ones.")
+    tiny = models_dir is not None and is_tiny_tree(models_dir)
+    return ModelSource(models_dir, files, tiny)
+
+
+def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
+    from .pipeline import load_models
+
+    return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
+                       aux_device=args.aux_device or args.device, dtype=args.dtype)
