@@ -46,11 +46,5 @@ def get_or_load(kind: str, path: str, dtype: str, device: str, load: Callable[[]
     return value
 
 
-def clear() -> None:
-    with _lock:
-        _entries.clear()
-    _host.soft_empty_cache()
-
-
 def size() -> int:
     return len(_entries)

@@ -6,12 +6,11 @@ import os
 
 from comfy_api.latest import io
 
+from ..sdvg.devices import AUX_DTYPES, DIT_DTYPES
 from . import _cache, _host
 from .handles import OFFLOAD_POLICIES, AuxHandle, DiTHandle
 from .types import SDVG_DIT, SDVG_REWARD, SDVG_TEXT_ENCODER, SDVG_VAE
 
-DIT_DTYPES = ["auto", "bf16", "fp16", "fp32", "fp8_e4m3fn"]
-AUX_DTYPES = ["auto", "bf16", "fp16", "fp32"]
 CATEGORY = "SDVG/loaders"
 
 
@@ -77,7 +76,7 @@ class SDVGModelLoader(io.ComfyNode):
                 _file_input("diffusion_models", "DiT checkpoint (.safetensors or .pt)"),
                 io.Combo.Input(
                     "weight_dtype",
-                    options=DIT_DTYPES,
+                    options=list(DIT_DTYPES),
                     default="auto",
                     tooltip="Weight precision. auto = bf16 on GPU, fp32 on CPU. fp8_e4m3fn stores weights in 8 bits and computes in bf16 (about half the memory of bf16).",
                 ),
@@ -121,7 +120,7 @@ class SDVGTextEncoderLoader(io.ComfyNode):
             inputs=[
                 _file_input("text_encoders", "UMT5-XXL text encoder"),
                 _device_input("Where the text encoder runs. The paper puts it on the second GPU (cuda:1) with the VAE and the reward model."),
-                io.Combo.Input("dtype", options=AUX_DTYPES, default="auto", tooltip="Compute precision. auto = bf16 on GPU, fp32 on CPU."),
+                io.Combo.Input("dtype", options=list(AUX_DTYPES), default="auto", tooltip="Compute precision. auto = bf16 on GPU, fp32 on CPU."),
             ],
             outputs=[SDVG_TEXT_ENCODER.Output(display_name="text_encoder", tooltip="The loaded UMT5 text encoder.")],
         )
@@ -145,7 +144,7 @@ class SDVGVAELoader(io.ComfyNode):
             inputs=[
                 _file_input("vae", "Wan 2.1 VAE"),
                 _device_input("Where the VAE decodes. The paper puts it on the second GPU (cuda:1)."),
-                io.Combo.Input("dtype", options=AUX_DTYPES, default="auto", tooltip="Compute precision. auto = bf16 on GPU, fp32 on CPU."),
+                io.Combo.Input("dtype", options=list(AUX_DTYPES), default="auto", tooltip="Compute precision. auto = bf16 on GPU, fp32 on CPU."),
             ],
             outputs=[SDVG_VAE.Output(display_name="vae", tooltip="The loaded streaming Wan VAE.")],
         )

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from ..sdvg.errors import ConfigError
+from ..sdvg.router import AGGREGATIONS, MODES, THRESHOLDS
 from .types import SDVG_ROUTER
 
-AGGREGATIONS = ["min", "mean", "quantile"]
-THRESHOLD_MODES = ["fixed", "target-rate", "relative"]
-ROUTING_MODES = ["reward", "random", "draft-only", "target-only"]
 TAU_MIN, TAU_MAX = -5.0, 3.0
 
 
@@ -24,9 +23,10 @@ def build_router_config(
     random_rate: float,
     force_reject_first: bool,
     early_exit: bool,
+    pattern: str = "",
 ):
     """Widget values → ``RouterConfig`` (validated by the engine, so its messages reach the user unchanged)."""
-    from ..sdvg.router import RouterConfig
+    from ..sdvg.router import RouterConfig, parse_pattern
 
     config = RouterConfig(
         tau=float(tau),
@@ -39,6 +39,7 @@ def build_router_config(
         random_rate=float(random_rate),
         force_reject_first=bool(force_reject_first),
         early_exit=bool(early_exit),
+        pattern=parse_pattern(pattern) if mode == "pattern" else None,
     )
     return config.validate()
 
@@ -72,14 +73,14 @@ class SDVGRewardRouter(io.ComfyNode):
                 ),
                 io.Combo.Input(
                     "aggregation",
-                    options=AGGREGATIONS,
+                    options=list(AGGREGATIONS),
                     default="min",
                     tooltip="How a block's per-frame scores become its score q_b. min (paper): the worst frame, catches single bad frames. mean hides them. quantile: the q-quantile.",
                 ),
                 io.Float.Input("quantile", default=0.1, min=0.01, max=0.99, step=0.01, tooltip="q for the quantile aggregation (0.5 = median; small q is close to min). Ignored otherwise."),
                 io.Combo.Input(
                     "threshold_mode",
-                    options=THRESHOLD_MODES,
+                    options=list(THRESHOLDS),
                     default="fixed",
                     tooltip="fixed: accept when q_b ≥ τ. target-rate: τ follows a running percentile of past scores so about 'target_rate' of drafts are accepted. relative: accept when q_b ≥ (the target's own score of block 0) − delta.",
                 ),
@@ -87,9 +88,9 @@ class SDVGRewardRouter(io.ComfyNode):
                 io.Float.Input("delta", default=0.5, min=0.0, max=5.0, step=0.05, tooltip="How far below the reference score (the target's block 0) a draft may score, for threshold_mode relative."),
                 io.Combo.Input(
                     "mode",
-                    options=ROUTING_MODES,
+                    options=list(MODES),
                     default="reward",
-                    tooltip="reward: SDVG (score drafts). random: accept a draft with probability 'random_rate' (ablation; no reward model needed). draft-only: keep every draft. target-only: the baseline, no drafter needed.",
+                    tooltip="reward: SDVG (score drafts). random: accept a draft with probability 'random_rate' (ablation; no reward model needed). draft-only: keep every draft. target-only: the baseline, no drafter needed. pattern: accept exactly the drafted blocks marked A in 'pattern' (reproducible ablations).",
                 ),
                 io.Float.Input("random_rate", default=0.5, min=0.0, max=1.0, step=0.01, tooltip="Acceptance probability for mode random (seeded by the sampler seed)."),
                 io.Boolean.Input(
@@ -101,6 +102,12 @@ class SDVGRewardRouter(io.ComfyNode):
                     "early_exit",
                     default=False,
                     tooltip="Stop scoring a draft as soon as one frame is already below τ (min aggregation only); saves reward time on clear rejects.",
+                ),
+                io.String.Input(
+                    "pattern",
+                    default="",
+                    optional=True,
+                    tooltip="mode pattern only: one letter per drafted block, A = accept, R = reject (e.g. 'AARAAR' for 7 blocks, block 0 being the target's).",
                 ),
             ],
             outputs=[SDVG_ROUTER.Output(display_name="router", tooltip="The routing rule for SDVG Speculative Sampler.")],
@@ -119,18 +126,22 @@ class SDVGRewardRouter(io.ComfyNode):
         random_rate: float,
         force_reject_first: bool,
         early_exit: bool,
+        pattern: str = "",
     ) -> io.NodeOutput:
         return io.NodeOutput(
             build_router_config(
-                tau=tau,
-                aggregation=aggregation,
-                quantile=quantile,
-                threshold_mode=threshold_mode,
-                target_rate=target_rate,
-                delta=delta,
-                mode=mode,
-                random_rate=random_rate,
-                force_reject_first=force_reject_first,
-                early_exit=early_exit,
+                tau=tau, aggregation=aggregation, quantile=quantile, threshold_mode=threshold_mode,
+                target_rate=target_rate, delta=delta, mode=mode, random_rate=random_rate,
+                force_reject_first=force_reject_first, early_exit=early_exit, pattern=pattern,
             )
         )
+
+    @classmethod
+    def validate_inputs(cls, **widgets) -> bool | str:
+        """Queue-time check of the routing settings (ComfyUI skips its own range checks then: the engine's cover
+        every value)."""
+        try:
+            build_router_config(**widgets)
+        except (ConfigError, TypeError, ValueError) as exc:
+            return str(exc)
+        return True

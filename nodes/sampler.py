@@ -1,8 +1,8 @@
 """SDVGSpeculativeSampler: runs the engine's SpeculativeSampler and streams each block to the canvas.
 
-Per finished block it sends exactly one preview (a contact sheet of the block's frames) through ComfyUI's
-ProgressBar on this node, and one ``sdvg.block`` websocket event with the routing decision. Per denoising
-step it updates the progress bar. Cancel is polled before every model call.
+A thin adapter: widget values become the engine's ``SamplerConfig`` (checked at queue time by ``validate_inputs``,
+before any model loads), the run streams through a ``BlockStream`` (progress, one preview and one ``sdvg.block``
+event per block), and the result becomes IMAGE, LATENT and the report. Cancel is polled before every model call.
 """
 
 from __future__ import annotations
@@ -10,114 +10,43 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
-import time
+from contextlib import ExitStack, nullcontext
 
 import torch
 from comfy_api.latest import io
 
+from ..sdvg.errors import ConfigError
+from ..sdvg.jsonable import to_jsonable
+from ..sdvg.regimes import REGIMES, CacheConfig
+from ..sdvg.scheduler import SCHEDULES as NAMED_SCHEDULES
 from . import _host
 from .handles import DiTHandle
-from .preview import PreviewEncoder
+from .stream import BlockStream
 from .types import SDVG_CONDITIONING, SDVG_DIT, SDVG_REWARD, SDVG_ROUTER, SDVG_VAE
 
 logger = logging.getLogger(__name__)
 
-CACHE_REGIMES = ["recompute", "global", "noisy"]
-SCHEDULES = ["constant", "diagonal", "custom"]
-PREVIEW_MAX_SIDE = 512
-PROGRESS_PER_BLOCK = 100
+CACHE_REGIMES = list(REGIMES)
+SCHEDULES = [*NAMED_SCHEDULES, "custom"]
 MAX_BLOCKS = 64
-EVENT_BLOCK = "sdvg.block"
-EVENT_START = "sdvg.start"
-EVENT_DONE = "sdvg.done"
-EVENT_PREVIEW = "sdvg.preview"  # {node, display_node, block}: the next preview image of this node shows this block
 
 
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
+def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
+                   custom_schedule: str, pipelined: bool = False, refine_from_step: int = 0):
+    """Widget values → a validated engine ``SamplerConfig`` (ConfigError names the problem and the fix)."""
+    from ..sdvg.sampler import SamplerConfig
 
-
-def _frame_stats(scores: list) -> dict | None:
-    values = [s for s in scores if isinstance(s, float) and math.isfinite(s)]
-    if not values:
-        return None
-    return {"min": min(values), "mean": sum(values) / len(values), "max": max(values), "count": len(values)}
-
-
-def block_payload(node_id: str, display_node_id: str, record, num_blocks: int, num_frames: int) -> dict:
-    """The JSON body of one ``sdvg.block`` event (also what the web timeline renders).
-
-    ``kind`` is the outcome the timeline colours: accept (draft kept) / reject (draft rejected, the target
-    regenerated the block) / forced (the target made it without a draft: block 0, target-only), as in
-    ``sdvg.report.block_kind``; ``drafted`` and ``produced_by`` are the record's own fields it is derived from.
-    ``q`` and ``scores`` are the scores the router decided on (the draft's, for accept and reject);
-    ``frame_stats`` is their min / mean / max."""
-    from ..sdvg.report import block_kind
-
-    data = record.to_dict() if hasattr(record, "to_dict") else dict(record)
-    scores = [_finite(float(s)) for s in data.get("scores") or []]
-    return {
-        "node": node_id,
-        "display_node": display_node_id,
-        "block": int(data["block"]),
-        "num_blocks": num_blocks,
-        "kind": block_kind(data),
-        "decision": data.get("decision"),
-        "reason": data.get("reason"),
-        "produced_by": data.get("produced_by"),
-        "drafted": bool(data.get("drafted")),
-        "q": _finite(data.get("q")),
-        "scores": scores,
-        "frame_stats": _frame_stats(scores),
-        "tau": _finite(data.get("tau")),
-        "aggregation": data.get("aggregation"),
-        "steps": data.get("steps"),
-        "frames": num_frames,
-        "timings": {k: round(float(v), 4) for k, v in (data.get("timings") or {}).items()},
-    }
-
-
-class _Progress:
-    """Monotonic per-node progress: each block is PROGRESS_PER_BLOCK units, split between drafter and target."""
-
-    def __init__(self, num_blocks: int, node_id: str):
-        self.total = num_blocks * PROGRESS_PER_BLOCK
-        self.value = 0
-        self.bar = _host.progress_bar(self.total, node_id)
-
-    def step(self, block: int, model: str, step: int, num_steps: int) -> None:
-        half = PROGRESS_PER_BLOCK // 2
-        start = block * PROGRESS_PER_BLOCK + (half if model == "target" else 0)
-        self._set(start + int(half * (step + 1) / max(1, num_steps)) - 1)
-
-    def block_done(self, block: int, preview=None) -> None:
-        self._set((block + 1) * PROGRESS_PER_BLOCK, preview)
-
-    def preview(self, image) -> None:
-        self._set(self.value, image)
-
-    def _set(self, value: int, preview=None) -> None:
-        self.value = max(self.value, min(value, self.total))
-        if self.bar is not None:
-            self.bar.update_absolute(self.value, self.total, ("JPEG", preview, PREVIEW_MAX_SIDE) if preview is not None else None)
-
-
-def _place(handle: DiTHandle | None) -> None:
-    if handle is not None and handle.offload != "keep_loaded":
-        handle.model.to(handle.device)
-
-
-def _park(handles: list[DiTHandle | None]) -> None:
-    moved = False
-    for handle in handles:
-        if handle is not None and handle.offload != "keep_loaded" and handle.device.type != "cpu":
-            handle.model.to("cpu")
-            moved = True
-    if moved:
-        _host.soft_empty_cache()
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"Unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}.")
+    spec = custom_schedule.strip() if schedule == "custom" else schedule
+    if not spec:
+        raise ConfigError("schedule is 'custom' but custom_schedule is empty; type e.g. 1000,750,500,250.")
+    if not 1 <= int(blocks) <= MAX_BLOCKS:
+        raise ConfigError(f"blocks must be between 1 and {MAX_BLOCKS}, got {blocks}.")
+    return SamplerConfig(
+        num_blocks=int(blocks), width=int(width), height=int(height), seed=int(seed), cache=CacheConfig(cache),
+        schedule=spec, pipelined=bool(pipelined), refine_from_step=int(refine_from_step) or None,
+    ).validate()
 
 
 def _display_id(hidden, node_id: str) -> str:
@@ -128,6 +57,10 @@ def _display_id(hidden, node_id: str) -> str:
         except Exception:
             logger.debug("display id lookup failed", exc_info=True)
     return node_id
+
+
+def _placed(handle: DiTHandle | None):
+    return handle.placed() if handle is not None else nullcontext()
 
 
 class SDVGSpeculativeSampler(io.ComfyNode):
@@ -182,137 +115,53 @@ class SDVGSpeculativeSampler(io.ComfyNode):
         )
 
     @classmethod
-    def execute(
-        cls,
-        vae,
-        conditioning,
-        router,
-        seed: int,
-        blocks: int,
-        width: int,
-        height: int,
-        cache: str,
-        schedule: str,
-        custom_schedule: str,
-        pipelined: bool,
-        refine_from_step: int,
-        drafter: DiTHandle | None = None,
-        target: DiTHandle | None = None,
-        reward=None,
-    ) -> io.NodeOutput:
-        from ..sdvg.errors import ConfigError
-        from ..sdvg.pipeline import SDVGModels
-        from ..sdvg.regimes import CacheConfig, CacheRegime
-        from ..sdvg.sampler import SamplerConfig, SpeculativeSampler
-
-        if schedule not in SCHEDULES:
-            raise ConfigError(f"Unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}.")
-        if cache not in CACHE_REGIMES:
-            raise ConfigError(f"Unknown cache regime {cache!r}; use one of {', '.join(CACHE_REGIMES)}.")
-        spec = custom_schedule.strip() if schedule == "custom" else schedule
-        if not spec:
-            raise ConfigError("schedule is 'custom' but custom_schedule is empty; type e.g. 1000,750,500,250.")
-        node_id = str(cls.hidden.unique_id) if cls.hidden is not None and cls.hidden.unique_id is not None else "0"
-        display_id = _display_id(cls.hidden, node_id)
-
-        models = SDVGModels(
-            target=target.model if target is not None else None,
-            drafter=drafter.model if drafter is not None else None,
-            vae=vae.model,
-            text_encoder=None,
-            reward=reward.model if reward is not None else None,
-        )
-        config = SamplerConfig(
-            num_blocks=int(blocks),
-            width=int(width),
-            height=int(height),
-            seed=int(seed),
-            cache=CacheConfig(regime=CacheRegime(cache)),
-            schedule=spec,
-            pipelined=bool(pipelined),
-            refine_from_step=int(refine_from_step) or None,
-        )
-        # a copy bound to this run (seed for random routing, length for the target-rate correction); the input is untouched
-        router = dataclasses.replace(router, seed=int(seed) % (2**63), num_blocks=int(blocks))
-        sampler = SpeculativeSampler(models, router, config)  # validates: ConfigError reaches the user as is
-
-        progress = _Progress(config.num_blocks, node_id)
-        encoder = PreviewEncoder(max_side=PREVIEW_MAX_SIDE)
-        sent_previews: set[int] = set()
-
-        def flush_previews(items) -> None:
-            for block, image in items:
-                if block not in sent_previews:
-                    sent_previews.add(block)
-                    _host.send_event(EVENT_PREVIEW, {"node": node_id, "display_node": display_id, "block": block})
-                    progress.preview(image)
-
-        def on_step(event) -> None:
-            flush_previews(encoder.ready())
-            progress.step(event.block, event.model, event.step, event.num_steps)
-
-        _host.send_event(
-            EVENT_START,
-            {"node": node_id, "display_node": display_id, "num_blocks": config.num_blocks, "width": width, "height": height,
-             "tau": _finite(float(getattr(router, "tau", float("nan")))), "mode": getattr(router, "mode", None)},
-        )
-        started = time.perf_counter()
-        _place(drafter)
-        _place(target)
-        gen = None
+    def validate_inputs(cls, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
+                        custom_schedule: str, refine_from_step: int) -> bool | str:
+        """Queue-time check of the settings (ComfyUI calls it before running anything, so a bad size never
+        costs a 14B load). ComfyUI skips its own range checks for the inputs named here: ours cover them."""
         try:
-            gen = sampler.generate(
-                conditioning.prompt, prompt_embeds=conditioning.embeds, cancel=_host.processing_interrupted, on_step=on_step
-            )
-            while True:
-                try:
-                    event = next(gen)
-                except StopIteration as stop:
-                    result = stop.value
-                    break
-                encoder.submit(event.block, event.frames)
-                progress.block_done(event.block)
-                _host.send_event(EVENT_BLOCK, block_payload(node_id, display_id, event.record, config.num_blocks, int(event.frames.shape[0])))
-                flush_previews(encoder.ready())
-            flush_previews(encoder.close())
-        finally:
-            if gen is not None:
-                gen.close()  # a Cancel raised between blocks: let the engine release its state (verify thread, caches)
-            encoder.close(timeout=1.0)
-            _park([drafter, target])
-        if result.partial:
-            _host.raise_if_interrupted()  # ComfyUI's InterruptProcessingException: the host marks the prompt interrupted
-        report = result.report()
-        report.setdefault("node", {})["preview_dropped"] = encoder.dropped
-        _host.send_event(EVENT_DONE, {"node": node_id, "display_node": display_id, "totals": _jsonable(report.get("totals")),
-                                      "wall_s": round(time.perf_counter() - started, 3)})
+            sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
+                           custom_schedule=custom_schedule, refine_from_step=refine_from_step)
+        except ConfigError as exc:
+            return str(exc)
+        return True
 
-        dev = _host.intermediate_device()
-        frames = result.frames
-        if frames.dtype == torch.uint8:
-            frames = frames.to(torch.float32) / 255.0
-        frames = frames.to(dev, torch.float32)
-        latents = comfy_latent(result.latents, vae.model).to(dev, torch.float32)
-        return io.NodeOutput(frames, {"samples": latents}, json.dumps(_jsonable(report), indent=1))
+    @classmethod
+    def execute(cls, vae, conditioning, router, seed: int, blocks: int, width: int, height: int, cache: str,
+                schedule: str, custom_schedule: str, pipelined: bool, refine_from_step: int,
+                drafter: DiTHandle | None = None, target: DiTHandle | None = None, reward=None) -> io.NodeOutput:
+        from ..sdvg.pipeline import SDVGModels
+        from ..sdvg.sampler import SpeculativeSampler
 
-
-def comfy_latent(latents: torch.Tensor, vae) -> torch.Tensor:
-    """Normalized Wan latents (what the DiTs see) → ComfyUI's LATENT convention for Wan 2.1 (the raw VAE space,
-    ``StreamingVAE.denormalize``), so core VAEDecode with the Wan VAE decodes them."""
-    if latents.numel() == 0:
-        return latents.to(torch.float32)
-    return vae.denormalize(latents)
+        config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
+                                custom_schedule=custom_schedule, pipelined=pipelined, refine_from_step=refine_from_step)
+        models = SDVGModels(target=getattr(target, "model", None), drafter=getattr(drafter, "model", None),
+                            vae=vae.model, reward=getattr(reward, "model", None))
+        # a copy bound to this run (seed for random routing); the input is untouched
+        router = dataclasses.replace(router, seed=int(seed) % (2**63))
+        sampler = SpeculativeSampler(models, router, config)  # validates: ConfigError reaches the user as is
+        node_id = str(cls.hidden.unique_id) if cls.hidden is not None and cls.hidden.unique_id is not None else "0"
+        with ExitStack() as stack:
+            stream = stack.enter_context(BlockStream(node_id, _display_id(cls.hidden, node_id), config.num_blocks))
+            stream.start(config.width, config.height, router)
+            stack.enter_context(_placed(drafter))
+            stack.enter_context(_placed(target))
+            result = sampler.run(conditioning.prompt, prompt_embeds=conditioning.embeds, on_block=stream.block,
+                                 on_step=stream.step, cancel=_host.processing_interrupted)
+            if result.partial:
+                _host.raise_if_interrupted()  # ComfyUI's InterruptProcessingException: the host marks it interrupted
+            report = result.report()
+            stream.done(report)
+        return io.NodeOutput(*node_outputs(result, vae.model), json.dumps(to_jsonable(report), indent=1))
 
 
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float):
-        return _finite(value)
-    if isinstance(value, torch.Tensor):
-        return _jsonable(value.tolist())
-    if hasattr(value, "value") and isinstance(value.value, str):  # enums
-        return value.value
-    return value
+def node_outputs(result, vae) -> tuple[torch.Tensor, dict]:
+    """IMAGE (float32 on ComfyUI's intermediate device) and LATENT in ComfyUI's Wan 2.1 convention: the raw VAE
+    space (``StreamingVAE.denormalize``), so core VAEDecode with the Wan VAE decodes them."""
+    dev = _host.intermediate_device()
+    frames = result.frames
+    if frames.dtype == torch.uint8:
+        frames = frames.to(torch.float32) / 255.0
+    latents = result.latents
+    latents = vae.denormalize(latents) if latents.numel() else latents.to(torch.float32)
+    return frames.to(dev, torch.float32), {"samples": latents.to(dev, torch.float32)}

@@ -416,3 +416,50 @@ def test_every_node_and_input_is_documented(nodes):
         if event not in reference:
             missing.append(f"NODES.md: event {event}")
     assert not missing, "\n".join(missing)
+
+
+def test_sampler_settings_are_refused_at_queue_time(nodes):
+    """ComfyUI runs validate_inputs before executing anything, so a bad size never costs a model load."""
+    check = nodes["SDVGSpeculativeSampler"].validate_inputs
+    good = dict(seed=0, blocks=3, width=64, height=64, cache="recompute", schedule="constant",
+                custom_schedule="1000,750,500,250", refine_from_step=0)
+    assert check(**good) is True
+    assert "multiples of 16" in check(**(good | {"width": 60}))
+    assert "blocks must be between 1 and" in check(**(good | {"blocks": 0}))
+    assert "Unknown cache regime" in check(**(good | {"cache": "rolling"}))
+    assert "custom_schedule is empty" in check(**(good | {"schedule": "custom", "custom_schedule": " "}))
+    assert "strictly decreasing" in check(**(good | {"schedule": "custom", "custom_schedule": "250,500"}))
+
+
+def test_router_settings_are_refused_at_queue_time(nodes):
+    check = nodes["SDVGRewardRouter"].validate_inputs
+    good = dict(tau=-0.7, aggregation="min", quantile=0.1, threshold_mode="fixed", target_rate=0.72, delta=0.5,
+                mode="reward", random_rate=0.5, force_reject_first=True, early_exit=False)
+    assert check(**good) is True
+    assert check(**(good | {"mode": "pattern", "pattern": "AARA"})) is True
+    assert "string of A (accept) and R (reject)" in check(**(good | {"mode": "pattern", "pattern": ""}))
+    assert "quantile" in check(**(good | {"quantile": 1.5}))
+
+
+def test_offload_policy_places_the_dit_for_the_run_and_parks_it_even_after_an_error(host):
+    handles = pack.submodule("nodes.handles")
+
+    class Model:
+        def __init__(self):
+            self.moves = []
+
+        def to(self, device):
+            self.moves.append(str(device))
+            return self
+
+    model = Model()
+    handle = handles.DiTHandle(model=model, file="x", dtype="bf16", device=torch.device("cuda", 0),
+                               offload="offload_to_cpu_when_idle")
+    with pytest.raises(RuntimeError), handle.placed():
+        assert model.moves == ["cuda:0"]
+        raise RuntimeError("the run failed")
+    assert model.moves == ["cuda:0", "cpu"]
+    kept = handles.DiTHandle(model=Model(), file="x", dtype="bf16", device=torch.device("cuda", 0))
+    with kept.placed():
+        pass
+    assert kept.model.moves == []  # keep_loaded: never moved
