@@ -153,13 +153,16 @@ class SpeculativeSampler:
     # ------------------------------------------------------------------ public API
     def run(self, prompt: str, *, on_block: Callable[[BlockEvent], None] | None = None, **kwargs) -> SDVGResult:
         gen = self.generate(prompt, **kwargs)
-        while True:
-            try:
-                event = next(gen)
-            except StopIteration as stop:
-                return stop.value
-            if on_block is not None:
-                on_block(event)
+        try:
+            while True:
+                try:
+                    event = next(gen)
+                except StopIteration as stop:
+                    return stop.value
+                if on_block is not None:
+                    on_block(event)
+        finally:
+            gen.close()  # an error in on_block: the run still releases its worker thread and caches at once
 
     def generate(
         self,
