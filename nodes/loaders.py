@@ -177,8 +177,8 @@ class SDVGRewardLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str) -> io.NodeOutput:
-        from ..sdvg.reward import ImageReward
+        from ..sdvg.reward_loading import load_image_reward
 
         _host.ensure_image_reward_folder()
-        handle = _load_aux("reward", _host.IMAGE_REWARD_FOLDER, model_name, device, None, "reward model", ImageReward.load)
+        handle = _load_aux("reward", _host.IMAGE_REWARD_FOLDER, model_name, device, None, "reward model", load_image_reward)
         return io.NodeOutput(handle)

@@ -95,7 +95,7 @@ def load_models(
     dtype: str = "auto",
 ) -> SDVGModels:
     """Load the models named in ``need``: explicit files win, the rest is looked up in ``models_dir``."""
-    from .reward import ImageReward
+    from .reward_loading import load_image_reward
     from .text_encoder import TextEncoder
     from .vae import StreamingVAE
     from .wan_loading import load_dit
@@ -122,7 +122,7 @@ def load_models(
         text_encoder=(
             TextEncoder.load(paths["text_encoder"], device=aux_dev, dtype=aux_dtype) if "text_encoder" in paths else None
         ),
-        reward=ImageReward.load(paths["reward"], device=aux_dev) if "reward" in paths else None,
+        reward=load_image_reward(paths["reward"], device=aux_dev) if "reward" in paths else None,
     )
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -165,26 +164,6 @@ class ImageReward(nn.Module):
         self.requires_grad_(False)
 
     # ---- loading -------------------------------------------------------------------------------------------
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype | str = torch.float32,
-        vocab: str | Path | None = None,
-    ) -> ImageReward:
-        """Load ``ImageReward.pt`` (or a safetensors copy with the same keys) strictly, tokenizer from vocab.txt.
-
-        ``device``: "auto"/"cpu"/"cuda:N" or a torch.device. ``dtype``: float32 (reference), bfloat16 or float16
-        for the BLIP trunk ("auto" = float32); the MLP head always stays float32 (ImageReward casts the CLS
-        feature to float before it). The tokenizer is ``vocab=`` or ``<stem>.vocab.txt`` or ``vocab.txt``
-        beside the checkpoint.
-        """
-        from .reward_loading import load_image_reward
-
-        return load_image_reward(path, device=device, dtype=dtype, vocab=vocab)
-
     @property
     def device(self) -> torch.device:
         return self.vision.embeddings.class_embedding.device

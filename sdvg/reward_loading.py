@@ -273,8 +273,11 @@ def load_image_reward(
     path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,
     vocab: str | Path | None = None,
 ) -> ImageReward:
-    """``ImageReward.pt`` (or a safetensors copy with the same keys) loaded strictly, tokenizer from vocab.txt; see
-    :meth:`ImageReward.load` for the arguments."""
+    """Load ``ImageReward.pt`` (or a safetensors copy with the same keys) strictly, tokenizer from vocab.txt.
+
+    ``device``: "auto"/"cpu"/"cuda:N" or a torch.device. ``dtype``: float32 (reference), bfloat16 or float16 for the
+    BLIP trunk ("auto" = float32); the MLP head always stays float32 (ImageReward casts the CLS feature to float
+    before it). The tokenizer is ``vocab=`` or ``<stem>.vocab.txt`` or ``vocab.txt`` beside the checkpoint."""
     path = Path(path)
     target_device = resolve_device(device, what="ImageReward model")
     target_dtype = parse_dtype(dtype, default=torch.float32)

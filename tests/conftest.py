@@ -56,6 +56,6 @@ def tiny_reward_path(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_reward(tiny_reward_path):
     """The tiny ImageReward loaded once (fp32, CPU)."""
-    from sdvg.reward import ImageReward
+    from sdvg.reward_loading import load_image_reward
 
-    return ImageReward.load(tiny_reward_path)
+    return load_image_reward(tiny_reward_path)

@@ -127,3 +127,52 @@ def test_sources_compile_on_python_3_10_to_3_13():
     for cmd in pythons:
         proc = subprocess.run([*cmd, "-c", code, *files], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"{' '.join(cmd)}: {proc.stderr[-2000:]}"
+
+
+def _engine_import_graph() -> dict[str, set[str]]:
+    """Module → the engine modules it imports (relative imports anywhere in the file, outside TYPE_CHECKING)."""
+    root = REPO / "sdvg"
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).with_suffix("")
+        parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
+        package = parts if rel.name == "__init__" else parts[:-1]
+        name = ".".join(parts) or "__init__"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level and id(node) not in typing_only:
+                base = package[: len(package) - (node.level - 1)]
+                targets = [node.module] if node.module else [a.name for a in node.names]
+                deps |= {".".join([*base, *t.split(".")]) or "__init__" for t in targets}
+        graph[name] = {d for d in deps if d != name}
+    return graph
+
+
+def test_engine_has_no_import_cycles():
+    graph = _engine_import_graph()
+    known = set(graph)
+
+    def visit(node, stack, done):
+        if node in done or node not in known:
+            return
+        if node in stack:
+            raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(node):], node]))
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            visit(dep, stack, done)
+        stack.pop()
+        done.add(node)
+
+    done: set[str] = set()
+    for node in sorted(graph):
+        visit(node, [], done)
+    assert "sampler" in graph and "bench.runner" in graph  # the graph covers the packages too
+
+
+def test_no_engine_file_is_over_500_lines():
+    sizes = {p.relative_to(REPO).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
+             for p in (REPO / "sdvg").rglob("*.py")}
+    assert not {k: v for k, v in sizes.items() if v > 500}, sizes

@@ -20,6 +20,7 @@ from sdvg.reward import (
     ImageReward,
     ImageRewardConfig,
 )
+from sdvg.reward_loading import load_image_reward
 from tests.inputs import frames
 
 PROMPT = "a red car on a city street at night"
@@ -60,7 +61,7 @@ def test_one_forward_for_all_frames(tiny_reward):
 
 
 def test_prompt_tokenized_once(tiny_reward_path):
-    model = ImageReward.load(tiny_reward_path)
+    model = load_image_reward(tiny_reward_path)
     real = model.tokenizer
     count = {"n": 0}
 

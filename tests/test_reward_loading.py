@@ -12,8 +12,14 @@ import torch
 
 from sdvg.errors import ConfigError, ModelFileError
 from sdvg.fixtures.tiny import write_tiny_image_reward
-from sdvg.reward import ImageReward, ImageRewardConfig, build_mlp, build_modules
-from sdvg.reward_loading import SAFETENSORS_CONFIG_KEY, UNUSED_KEYS, infer_config, map_official_keys
+from sdvg.reward import ImageRewardConfig, build_mlp, build_modules
+from sdvg.reward_loading import (
+    SAFETENSORS_CONFIG_KEY,
+    UNUSED_KEYS,
+    infer_config,
+    load_image_reward,
+    map_official_keys,
+)
 from tests.inputs import frames
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -48,7 +54,7 @@ def test_safetensors_copy_scores_identically(tiny_reward, tiny_reward_path, tmp_
     heads = json.loads(tiny_reward_path.with_name(tiny_reward_path.stem + ".config.json").read_text())
     save_file(state, str(out), metadata={SAFETENSORS_CONFIG_KEY: json.dumps(heads)})
     shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")  # plain name
-    model = ImageReward.load(out)
+    model = load_image_reward(out)
     assert model.config == tiny_reward.config
     x = frames(5)
     assert torch.equal(model.score(x, PROMPT), tiny_reward.score(x, PROMPT))
@@ -57,7 +63,7 @@ def test_safetensors_copy_scores_identically(tiny_reward, tiny_reward_path, tmp_
 def test_heads_default_width_over_64_without_sidecar(tiny_reward_path, tmp_path):
     shutil.copy(tiny_reward_path, tmp_path / "m.pt")
     shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")
-    model = ImageReward.load(tmp_path / "m.pt")
+    model = load_image_reward(tmp_path / "m.pt")
     assert model.config.vision_heads == 1  # 64 // 64: the sidecar is what carries the tiny model's 2 heads
 
 
@@ -87,7 +93,7 @@ def test_full_size_key_map_parity_on_meta():
 def test_missing_vocab(tiny_reward_path, tmp_path):
     shutil.copy(tiny_reward_path, tmp_path / "ImageReward.pt")
     with pytest.raises(ModelFileError) as err:
-        ImageReward.load(tmp_path / "ImageReward.pt")
+        load_image_reward(tmp_path / "ImageReward.pt")
     msg = str(err.value)
     assert str(tmp_path / "vocab.txt") in msg and "bert-base-uncased" in msg and "30,522" in msg
 
@@ -96,12 +102,12 @@ def test_vocab_size_mismatch(tiny_reward_path, tmp_path):
     shutil.copy(tiny_reward_path, tmp_path / "ImageReward.pt")
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncat\n")
     with pytest.raises(ModelFileError, match="Vocabulary mismatch.*8 tokens.*word embeddings"):
-        ImageReward.load(tmp_path / "ImageReward.pt")
+        load_image_reward(tmp_path / "ImageReward.pt")
 
 
 def test_missing_checkpoint(tmp_path):
     with pytest.raises(ModelFileError, match="not found.*ImageReward.pt"):
-        ImageReward.load(tmp_path / "nope.pt")
+        load_image_reward(tmp_path / "nope.pt")
 
 
 def test_wrong_checkpoint_wan_file(tmp_path):
@@ -115,15 +121,15 @@ def test_wrong_checkpoint_wan_file(tmp_path):
     path = tmp_path / "wan2.1_t2v_1.3B_bf16.safetensors"
     save_file(wan, str(path))
     with pytest.raises(ModelFileError) as err:
-        ImageReward.load(path)
+        load_image_reward(path)
     msg = str(err.value)
     assert path.name in msg and "not an ImageReward checkpoint" in msg and "model.diffusion_model" in msg
     torch.save({"generator": {"x": torch.zeros(1)}}, tmp_path / "self_forcing_dmd.pt")
     with pytest.raises(ModelFileError, match="self_forcing_dmd.pt"):
-        ImageReward.load(tmp_path / "self_forcing_dmd.pt")
+        load_image_reward(tmp_path / "self_forcing_dmd.pt")
     (tmp_path / "garbage.pt").write_bytes(b"not a pickle")
     with pytest.raises(ModelFileError, match="weights_only"):
-        ImageReward.load(tmp_path / "garbage.pt")
+        load_image_reward(tmp_path / "garbage.pt")
 
 
 def test_incomplete_checkpoint_is_refused(tiny_reward_path, tmp_path):
@@ -133,24 +139,24 @@ def test_incomplete_checkpoint_is_refused(tiny_reward_path, tmp_path):
     torch.save(state, tmp_path / "bad.pt")
     shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")
     with pytest.raises(ModelFileError, match="unexpected tensors.*blip.extra.weight"):
-        ImageReward.load(tmp_path / "bad.pt")
+        load_image_reward(tmp_path / "bad.pt")
     del state["blip.extra.weight"]
     torch.save(state, tmp_path / "bad.pt")
     with pytest.raises(ModelFileError, match="crossattention.self.key.weight"):
-        ImageReward.load(tmp_path / "bad.pt")
+        load_image_reward(tmp_path / "bad.pt")
 
 
 def test_load_dtype_and_device_strings(tiny_reward, tiny_reward_path):
-    m = ImageReward.load(tiny_reward_path, device="auto" if not torch.cuda.is_available() else "cpu", dtype="bf16")
+    m = load_image_reward(tiny_reward_path, device="auto" if not torch.cuda.is_available() else "cpu", dtype="bf16")
     assert m.dtype == torch.bfloat16 and m.mlp[0].weight.dtype == torch.float32  # head stays fp32
     x = frames(3)
     s = m.score(x, PROMPT)
     assert s.dtype == torch.float32 and torch.isfinite(s).all()
     assert float((s - tiny_reward.score(x, PROMPT)).abs().max()) < 0.1  # bf16 trunk vs fp32
     with pytest.raises(ConfigError, match="fp8"):
-        ImageReward.load(tiny_reward_path, dtype="fp8_e4m3fn")
+        load_image_reward(tiny_reward_path, dtype="fp8_e4m3fn")
     with pytest.raises(ConfigError, match="device"):
-        ImageReward.load(tiny_reward_path, device="tpu:7")
+        load_image_reward(tiny_reward_path, device="tpu:7")
 
 
 def test_find_checkpoint(tiny_reward_path, tmp_path):
@@ -168,6 +174,6 @@ def test_legacy_pickle_format_loads(tiny_reward, tiny_reward_path, tmp_path):
     state = torch.load(tiny_reward_path, weights_only=True)
     torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
     shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".config.json"), tmp_path / "legacy.config.json")
-    model = ImageReward.load(tmp_path / "legacy.pt", vocab=tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"))
+    model = load_image_reward(tmp_path / "legacy.pt", vocab=tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"))
     x = frames(2)
     assert torch.equal(model.score(x, PROMPT), tiny_reward.score(x, PROMPT))
