@@ -20,7 +20,7 @@ from .hooks import Hooks
 from .results import FrameBuffer
 
 if TYPE_CHECKING:
-    from .causal import BlockHistory
+    from .history import BlockHistory
     from .vae import StreamingVAE
 
 # the pixel frames of the last two latent frames (2 × 4) and the one before them

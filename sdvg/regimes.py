@@ -20,15 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 
 from .blocks import FRAMES_PER_BLOCK
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .causal import BlockDenoiser, HistoryBlock
+from .history import BlockHistory, HistoryBlock
+from .kv_cache import SelfKVCache
 
 CONTEXT_FRAMES = 3  # recompute: first frame + last 2 latent frames
 FIRST_FRAME_SOURCES = ("reencode", "latent")
@@ -84,9 +83,28 @@ class CacheLayout:
     sink_frames: int = 0
 
 
+class CacheSurface(Protocol):
+    """What a policy may do to a denoiser (``causal.BlockDenoiser`` offers it)."""
+
+    name: str
+    kv: SelfKVCache | None
+    history: BlockHistory | None
+
+    def call(self, x: torch.Tensor, t: float, frame: int) -> torch.Tensor: ...
+
+    def prep(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def holds(self, hb: HistoryBlock) -> bool: ...
+
+    def mark_written(self, block: int, token: int | None) -> None: ...
+
+    def forget_from(self, block: int) -> None: ...
+
+    def first_frame(self, history: BlockHistory) -> torch.Tensor | None: ...
+
+
 class CachePolicy:
-    """The rules of one regime. The methods that take a denoiser act on it through its small cache surface
-    (``call``, ``holds``, ``mark_written``, ``forget_from``, ``kv``, ``history``, ``first_frame``)."""
+    """The rules of one regime. The methods that take a denoiser act on it through its :class:`CacheSurface`."""
 
     regime: ClassVar[CacheRegime]
     #: catching up writes committed history blocks this cache does not hold (one forward each)
@@ -124,7 +142,7 @@ class CachePolicy:
         return self.refill_forwards(block) + own_write
 
     # ---- acting on a denoiser ------------------------------------------------------------------------------
-    def catch_up(self, den: BlockDenoiser) -> None:
+    def catch_up(self, den: CacheSurface) -> None:
         """Write the committed blocks of ``den.history`` that the cache does not hold yet (deferred work)."""
         if not self.writes_history:
             return
@@ -141,12 +159,12 @@ class CachePolicy:
     def needs_cached_history(self) -> bool:
         return self.writes_history
 
-    def place_block(self, den: BlockDenoiser, block: int) -> int:
+    def place_block(self, den: CacheSurface, block: int) -> int:
         """Prepare the cache for denoising ``block``; returns the block's RoPE frame offset."""
         den.forget_from(block)  # the block's slots (and later frames) are about to change
         return block * FRAMES_PER_BLOCK
 
-    def after_denoise(self, den: BlockDenoiser, block: int, token: int) -> None:
+    def after_denoise(self, den: CacheSurface, block: int, token: int) -> None:
         if self.keeps_denoised_block:
             den.mark_written(block, token)
 
@@ -183,7 +201,7 @@ class RecomputeCache(CachePolicy):
         # the first context frame is taken apart from the tail once the history is longer than the context
         return 1 if self.reencodes_first_frame and block * FRAMES_PER_BLOCK > CONTEXT_FRAMES else 0
 
-    def place_block(self, den: BlockDenoiser, block: int) -> int:
+    def place_block(self, den: CacheSurface, block: int) -> int:
         """Reset and refill the cache from the history; the block sits right after its context frames."""
         den.kv.reset()
         if block == 0:

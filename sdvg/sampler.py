@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from .blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS, SPATIAL_MULTIPLE, VAE_SCALE, pixel_frames_for_blocks
-from .causal import BlockDenoiser, BlockHistory, DenoiseResult, HistoryBlock
+from .causal import BlockDenoiser
 from .context_frames import ContextFrames
 from .errors import CancelledError, ConfigError
+from .history import BlockHistory, DenoiseResult, HistoryBlock
 from .hooks import CallObserver, Hooks
 from .jsonable import to_jsonable
 from .meter import RunMeter

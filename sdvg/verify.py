@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from .causal import BlockHistory, DenoiseResult, HistoryBlock
 from .errors import ConfigError
+from .history import BlockHistory, DenoiseResult, HistoryBlock
 from .router import RouteRecord
 
 if TYPE_CHECKING:

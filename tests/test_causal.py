@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdvg.causal import BlockDenoiser, BlockHistory, HistoryBlock
+from sdvg.causal import BlockDenoiser
 from sdvg.dit import CausalWanTransformer
 from sdvg.errors import CancelledError, ConfigError
+from sdvg.history import BlockHistory, HistoryBlock
 from sdvg.regimes import CacheConfig, CacheRegime
 from sdvg.scheduler import FlowMatchScheduler, build_step_schedule, renoise, sample_block_noise, to_x0
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from sdvg.blocks import pixel_frames_for_blocks
-from sdvg.causal import BlockDenoiser, BlockHistory, HistoryBlock
+from sdvg.causal import BlockDenoiser
 from sdvg.errors import ConfigError
+from sdvg.history import BlockHistory, HistoryBlock
 from sdvg.regimes import CacheConfig, CacheRegime
 from sdvg.router import RouterConfig
 from sdvg.sampler import SamplerConfig, SpeculativeSampler
