@@ -444,22 +444,24 @@ def render_pareto(summary: Sequence[dict], path: Path, *, width: int = 820, heig
     right = width - 170
     chart = Chart(width, height, (80, 40, right, height - 60),
                   title="SDVG eval: mean ImageReward of the output vs speedup over target-only (Pareto front: line)")
-    chart.frame()
     pts = [s for s in summary if s["speedup"] is not None]
-    if pts:
-        xs = [p["speedup"] for p in pts]
-        chart.set_range((min(xs + [1.0]) * 0.95, max(xs) * 1.05), nice_range([p["ir_mean"] for p in pts]))
-        chart.x_ticks(linspace(*chart.x_range, 6), lambda v: f"{v:.2f}", label="speedup over target-only (x)")
-        chart.y_ticks(linspace(*chart.y_range, 6), lambda v: f"{v:+.3f}")
-        front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["speedup"])
-        chart.line([(p["speedup"], p["ir_mean"]) for p in front], FRONT_COLOR)
-        for p in pts:
-            color = PARETO_COLORS.get(p["method"], BLACK)
-            chart.marker(p["speedup"], p["ir_mean"], color, size=5, outline=BLACK if p["pareto"] else None)
-            x, y = chart.px(p["speedup"], p["ir_mean"])
-            chart.text((x + 7, y - 6), p["method"] if not p["tau"] else f"{p['method']} tau={p['tau']}", (60, 60, 60))
-        legend = [(m, c, "dot") for m, c in PARETO_COLORS.items()] + [("Pareto front", FRONT_COLOR, "line")]
-        chart.legend((right + 12, 40), legend)
+    if not pts:
+        chart.frame()
+        return chart.save(path)
+    xs = [p["speedup"] for p in pts]
+    chart.set_range((min(xs + [1.0]) * 0.95, max(xs) * 1.05), nice_range([p["ir_mean"] for p in pts]))
+    chart.x_ticks(linspace(*chart.x_range, 6), lambda v: f"{v:.2f}", label="speedup over target-only (x)")
+    chart.y_ticks(linspace(*chart.y_range, 6), lambda v: f"{v:+.3f}")
+    chart.frame()
+    front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["speedup"])
+    chart.line([(p["speedup"], p["ir_mean"]) for p in front], FRONT_COLOR)
+    for p in pts:
+        color = PARETO_COLORS.get(p["method"], BLACK)
+        chart.marker(p["speedup"], p["ir_mean"], color, size=5, outline=BLACK if p["pareto"] else None)
+        x, y = chart.px(p["speedup"], p["ir_mean"])
+        chart.text((x + 7, y - 6), p["method"] if not p["tau"] else f"{p['method']} tau={p['tau']}", (60, 60, 60))
+    legend = [(m, c, "dot") for m, c in PARETO_COLORS.items()] + [("Pareto front", FRONT_COLOR, "line")]
+    chart.legend((right + 12, 40), legend)
     return chart.save(path)
 
 

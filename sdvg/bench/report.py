@@ -321,9 +321,9 @@ def render_plot(report: dict, path: str | Path, *, width: int = 820, height: int
                   title="SDVG bench: speedup over target-only (points) vs cost-model bound (dashed)")
     ys = [r["speedup"] for r in rows if r["speedup"]] + [r["bound"] for r in rows if r["bound"]] + [1.0]
     chart.set_range((0.0, 1.0), (min(0.0, min(ys)), max(ys) * 1.1))
-    chart.frame()
     chart.x_ticks(linspace(0.0, 1.0, 5), lambda v: f"{int(v * 100)}%", label="acceptance of drafted blocks")
     chart.y_ticks(linspace(*chart.y_range, 7), lambda v: f"{v:.2f}x")
+    chart.frame()
     chart.line([(0.0, 1.0), (1.0, 1.0)], (150, 150, 150), width=1)
     legend = []
     for group, color in PLOT_COLORS.items():
