@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from . import cli_args
 from .errors import ConfigError, SDVGError
@@ -42,59 +41,112 @@ class _Progress:
         self.stream.flush()
 
 
+EXIT_SIGTERM = 143
+
+
+class _StopSignals:
+    """Ctrl-C (SIGINT) and SIGTERM (container stops, ``timeout``, job schedulers) during a run: the first stops after
+    the current denoising step and the finished blocks are written; a second one aborts."""
+
+    NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+    def __init__(self, log) -> None:
+        self.log = log
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> _StopSignals:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.NAMES}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:  # the second signal: abort now
+            if signum == signal.SIGTERM:
+                raise SystemExit(EXIT_SIGTERM)
+            raise KeyboardInterrupt
+        self.received = signum
+        self.log(f"\n{self.NAMES[signum]}: stopping after the current step and writing what is finished "
+                 f"({self.NAMES[signum]} again to abort).")
+
+    def requested(self) -> bool:
+        return self.received is not None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_SIGTERM if self.received == signal.SIGTERM else EXIT_CANCELLED
+
+
+def _write_outputs(result, plan, log) -> list[str]:
+    """Write every planned output that has content, the report first (small, and it explains the rest). A failing
+    output is reported and the others are still written. Returns the failures' messages."""
+    from .outputs import OUTPUTS
+    from .report import write_report, write_timeline
+    from .video import save_tensor_file, to_uint8, write_mp4
+
+    report, frames, meta = result.report(), result.frames, {"partial": result.partial}
+    writers = {
+        "report": lambda p: write_report(report, p),
+        "video": lambda p: write_mp4(frames, p),
+        "latents": lambda p: save_tensor_file(p, "latents", result.latents, meta),
+        "frames": lambda p: save_tensor_file(p, "frames", to_uint8(frames), meta),
+        "timeline": lambda p: write_timeline(report, p),
+    }
+    empty = {"video": not frames.shape[0], "frames": not frames.shape[0], "latents": not result.latents.numel()}
+    failures = []
+    for role, write in writers.items():
+        path = plan[role]
+        if path is None:
+            continue
+        if empty.get(role):
+            log(f"no block finished; {OUTPUTS[role][0]} {path} not written")
+            continue
+        try:
+            write(path)
+        except Exception as exc:  # noqa: BLE001 - any failure of one output must not cost the others
+            failures.append(f"could not write {OUTPUTS[role][0]} {path}: {type(exc).__name__}: {exc}")
+            continue
+        log(f"wrote {path}" + (f" ({frames.shape[0]} frames)" if role == "video" else ""))
+    return failures
+
+
 def cmd_generate(args) -> int:
     from .devices import set_cpu_threads
+    from .errors import RunFailed
+    from .outputs import plan_outputs
     from .pipeline import roles_needed
-    from .report import render_timeline, summarize, write_report
+    from .report import summarize
     from .sampler import SpeculativeSampler
-    from .video import save_tensor_file, to_uint8, write_mp4
 
     def log(msg: str) -> None:
         sys.stderr.write(msg + "\n")
 
     set_cpu_threads(args.threads)
-    # every setting is checked before a model loads: a typo never costs a 28 GB load
+    # every setting and every output path is checked before a model loads: a typo never costs a 28 GB load
     router = cli_args.router_config_from_args(args)
     source = cli_args.model_source(args, log=log)
     config = cli_args.sampler_config_from_args(args, source.tiny)
     replace(router, num_blocks=config.num_blocks).validate()  # what depends on the length (a pattern's)
+    plan = plan_outputs({"video": args.out, "report": args.report, "timeline": args.timeline,
+                         "latents": args.save_latents, "frames": args.save_frames})
     models = cli_args.load_from_source(source, args, need=roles_needed(router))
     sampler = SpeculativeSampler(models, router, config)
-    progress = _Progress(config.num_blocks)
-    interrupted = {"count": 0}
-
-    def on_sigint(signum, frame):
-        interrupted["count"] += 1
-        if interrupted["count"] > 1:
-            raise KeyboardInterrupt
-        log("\nCtrl-C: stopping after the current step and writing what is finished (Ctrl-C again to abort).")
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        result = sampler.run(
-            args.prompt, on_block=progress.block, on_step=progress.step, cancel=lambda: interrupted["count"] > 0
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    report = result.report()
-    if result.frames.shape[0]:
-        log(f"wrote {write_mp4(result.frames, args.out)} ({result.frames.shape[0]} frames)")
-    else:
-        log("no block finished; no video written")
-    if args.report:
-        log(f"wrote {write_report(report, args.report)}")
-    if args.save_latents and result.latents.numel():
-        save_tensor_file(args.save_latents, "latents", result.latents, {"partial": result.partial})
-        log(f"wrote {args.save_latents}")
-    if args.save_frames and result.frames.shape[0]:
-        save_tensor_file(args.save_frames, "frames", to_uint8(result.frames), {"partial": result.partial})
-        log(f"wrote {args.save_frames}")
-    if args.timeline:
-        Path(args.timeline).parent.mkdir(parents=True, exist_ok=True)
-        render_timeline(report).save(args.timeline)
-        log(f"wrote {args.timeline}")
-    sys.stdout.write(summarize(report) + "\n")
-    return EXIT_CANCELLED if result.partial else EXIT_OK
+    progress, fault = _Progress(config.num_blocks), None
+    with _StopSignals(log) as stop:
+        try:
+            result = sampler.run(args.prompt, on_block=progress.block, on_step=progress.step, cancel=stop.requested)
+        except RunFailed as exc:  # a fault in one block: the finished ones are still written
+            result, fault = exc.result, str(exc)
+    failures = _write_outputs(result, plan, log)
+    sys.stdout.write(summarize(result.report()) + "\n")
+    for message in ([fault] if fault else []) + failures:
+        log(f"error: {message}")
+    if fault or failures:
+        return EXIT_ERROR
+    return stop.exit_code if result.partial else EXIT_OK
 
 
 def add_eval_parser(subparsers) -> None:

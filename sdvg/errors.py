@@ -15,3 +15,16 @@ class ModelFileError(SDVGError, ValueError):
 
 class CancelledError(SDVGError):
     """Raised by a cancel callback to stop a run between denoising steps."""
+
+
+class NonFiniteError(SDVGError):
+    """A model produced NaN or inf values (named in the message, with the block and the likely fix)."""
+
+
+class RunFailed(SDVGError):
+    """A generation stopped by a fault in one block. ``result`` holds every block finished before it (``partial``),
+    so nothing finished is lost; the message names the block, the stage and what failed."""
+
+    def __init__(self, message: str, result) -> None:
+        super().__init__(message)
+        self.result = result

@@ -7,6 +7,7 @@ its denoise phases minus the re-encodes that ran inside them, so the per-forward
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -47,10 +48,16 @@ class RunMeter:
     @contextmanager
     def phase(timings: dict[str, float], name: str, device: torch.device | None = None) -> Iterator[None]:
         """Add the wall time of the block to ``timings[name]``. On CUDA it waits for ``device`` first, so GPU time
-        lands in the phase that queued it (the router needs scores on the host anyway, so this costs little)."""
+        lands in the phase that queued it (the router needs scores on the host anyway, so this costs little). An
+        exception leaving the block is tagged ``sdvg_stage = name`` (where the fault happened)."""
         start = time.perf_counter()
         try:
             yield
+        except Exception as exc:
+            if not hasattr(exc, "sdvg_stage"):  # the innermost phase names where a fault happened
+                with contextlib.suppress(AttributeError):
+                    exc.sdvg_stage = name
+            raise
         finally:
             if device is not None and device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from .jsonable import from_json_float
+from .jsonable import from_json_float, to_jsonable
+from .outputs import write_atomic
 from .plotting import Chart, nice_range
 
 COLORS = {
@@ -97,7 +98,12 @@ def render_timeline(report: dict, *, width: int = 900, height: int = 300) -> Ima
 
 
 def write_report(report: dict, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, allow_nan=False), encoding="utf-8")
-    return path
+    """The report as strict JSON, written atomically."""
+    text = json.dumps(to_jsonable(report), indent=2, allow_nan=False)
+    return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_timeline(report: dict, path: str | Path) -> Path:
+    """The timeline chart as PNG, written atomically."""
+    image = render_timeline(report)
+    return write_atomic(path, image.save)

@@ -333,6 +333,15 @@ class Router:
         agg = self.config.aggregation if values else None
         return self._record(RouteRecord(block, "reject", reason, q=q, scores=values, tau=None, aggregation=agg))
 
+    def fault_record(self, block: int, reason: str) -> RouteRecord:
+        """Reject a draft that cannot be verified (e.g. non-finite latents); it takes its drafted-block slot, so the
+        random draws and a pattern stay aligned with the blocks."""
+        if self.config.mode in ("random", "pattern"):
+            self._drafted += 1
+            if self.config.mode == "random":
+                self._rng.random()
+        return self._record(RouteRecord(block, "reject", reason))
+
     def decide(self, block: int, scores: Any = None) -> RouteRecord:
         c = self.config
         forced = self.forced_target(block)

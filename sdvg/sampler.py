@@ -18,80 +18,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
-from .blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS, SPATIAL_MULTIPLE, VAE_SCALE, pixel_frames_for_blocks
+from .blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS, pixel_frames_for_blocks
 from .causal import BlockDenoiser
 from .context_frames import ContextFrames
-from .errors import CancelledError, ConfigError
+from .errors import CancelledError, ConfigError, NonFiniteError, RunFailed
 from .history import BlockHistory, DenoiseResult, HistoryBlock
 from .hooks import CallObserver, Hooks
-from .jsonable import to_jsonable
 from .meter import RunMeter
 from .pipeline import SDVGModels
-from .regimes import CacheConfig
 from .results import BlockEvent, BlockRecord, FrameBuffer, SDVGResult, StepEvent
 from .router import Router, RouterConfig, RouteRecord
+from .sampler_config import SamplerConfig
 from .scheduler import FlowMatchScheduler, NoiseBank, build_step_schedule
 from .verify import Draft, last_token, make_verifier
 
 logger = logging.getLogger(__name__)
 
 EARLY_EXIT_CHUNK = 3  # frames scored per forward when the router may stop at the first frame below τ
-OUTPUT_DTYPES = ("float", "uint8")
 
 __all__ = ["SamplerConfig", "SpeculativeSampler", "BlockEvent", "BlockRecord", "SDVGResult", "StepEvent",
            "pixel_frames_for_blocks"]
-
-
-@dataclass
-class SamplerConfig:
-    num_blocks: int = 7
-    width: int = 832
-    height: int = 480
-    seed: int = 0
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    schedule: str | Sequence[Sequence[float]] = "constant"
-    pipelined: bool = False
-    refine_from_step: int | None = None
-    num_frames: int | None = None  # trim the output to this many pixel frames
-    output_dtype: str = "float"  # "float" ([0,1] float32) or "uint8"
-
-    def validate(self) -> SamplerConfig:
-        """Every check that needs no model (run it before loading any); raises ConfigError. Returns self."""
-        for name in ("width", "height", "num_blocks", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{name} must be an integer, got {value!r}.")
-        w, h, m = self.width, self.height, SPATIAL_MULTIPLE
-        if w <= 0 or h <= 0 or w % m or h % m:
-            raise ConfigError(
-                f"Width and height must be positive multiples of {m}, got {w}×{h}. "
-                f"Try {max(m, round(w / m) * m)}×{max(m, round(h / m) * m)}."
-            )
-        if self.num_blocks < 1:
-            raise ConfigError(f"num_blocks must be at least 1, got {self.num_blocks}.")
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}.")
-        if self.num_frames is not None and not 1 <= self.num_frames <= pixel_frames_for_blocks(self.num_blocks):
-            raise ConfigError(f"num_frames {self.num_frames} does not fit {self.num_blocks} blocks.")
-        if self.output_dtype not in OUTPUT_DTYPES:
-            raise ConfigError(f"output_dtype must be 'float' or 'uint8', got {self.output_dtype!r}.")
-        if not isinstance(self.cache, CacheConfig):
-            raise ConfigError(f"cache must be a CacheConfig, got {type(self.cache).__name__}.")
-        if self.refine_from_step is not None and self.refine_from_step < 1:
-            raise ConfigError("refine_from_step must be ≥ 1 (step 0 would be a full regeneration).")
-        self.step_schedule()
-        return self
-
-    def step_schedule(self) -> list[list[float]]:
-        return build_step_schedule(self.schedule, self.num_blocks, FlowMatchScheduler())
-
-    @property
-    def latent_hw(self) -> tuple[int, int]:
-        return self.height // VAE_SCALE, self.width // VAE_SCALE
 
 
 class SpeculativeSampler:
@@ -115,6 +65,7 @@ class SpeculativeSampler:
     # ------------------------------------------------------------------ validation
     def check_inputs(self) -> None:
         self.config.validate()
+        self._check_model_types()
         cfg, models, router = self.config, self.models, self.router_config
         mode = router.mode
         if mode != "draft-only" and models.target is None:
@@ -141,6 +92,30 @@ class SpeculativeSampler:
                         f"Drafter and target do not match: {key} is {b[key]} for the drafter and {a[key]} for the "
                         "target. Both must be Wan 2.1 T2V DiTs sharing the latent space and the text encoder."
                     )
+
+    def _check_model_types(self) -> None:
+        """Each model is what its role needs (a wrong object is named, not a raw AttributeError later)."""
+        models = self.models
+        wants = {"target": ("forward_block", "config"), "drafter": ("forward_block", "config"),
+                 "vae": ("decode_block", "snapshot", "restore", "encode_frame"), "reward": ("score",),
+                 "text_encoder": ("encode",)}
+        loaders = {"target": "load_dit", "drafter": "load_dit", "vae": "StreamingVAE.load",
+                   "reward": "load_image_reward", "text_encoder": "TextEncoder.load"}
+        for role, needed in wants.items():
+            model = getattr(models, role, None)
+            if model is not None and not all(hasattr(model, a) for a in needed):
+                raise ConfigError(f"models.{role} is a {type(model).__name__}, not what the {role} needs: load it with "
+                                  f"{loaders[role]}.")
+        if models.vae is None:
+            raise ConfigError("models.vae is missing: every run decodes its blocks (StreamingVAE.load).")
+        width = getattr(models.text_encoder, "text_dim", None)
+        for role in ("target", "drafter"):
+            dit = getattr(models, role)
+            if width is not None and dit is not None and int(dit.config["text_dim"]) != int(width):
+                raise ConfigError(
+                    f"The text encoder is {width} wide but the {role} reads {dit.config['text_dim']}-wide prompt "
+                    "embeddings: use the UMT5 encoder that belongs to these DiTs (UMT5-XXL, 4096, for Wan 2.1)."
+                )
 
     def _check_dit_fits(self, model: torch.nn.Module) -> None:
         cfg = self.config
@@ -177,19 +152,49 @@ class SpeculativeSampler:
         """``cancel()`` is polled before every denoising step; ``on_step`` gets a :class:`StepEvent` per step;
         ``observers`` hear every model call of this run (see ``hooks.py``)."""
         run = _Run(self, prompt, prompt_embeds, cancel, on_step, observers)
+        fault = None
         try:
             for block in range(self.config.num_blocks):
                 yield run.block(block)
         except CancelledError:
             run.partial = True
             logger.info("cancelled after %d finished block(s)", len(run.records))
+        except Exception as exc:  # a fault in one block: every finished block is kept in the result
+            if getattr(exc, "sdvg_from_callback", False):
+                raise
+            run.partial, fault = True, exc
         finally:
             run.close()
-        return run.result()
+        result = run.result()
+        if fault is not None:
+            raise RunFailed(describe_fault(fault, len(run.records)), result) from fault
+        return result
 
 
 def _as_tuple(value) -> tuple:
     return tuple(value) if isinstance(value, list | tuple) else (value,)
+
+
+def _finite(x: torch.Tensor) -> bool:
+    return bool(torch.isfinite(x).all())
+
+
+STAGE_NAMES = {"draft": "the drafter", "target": "the target", "decode": "the VAE decoder",
+               "score": "the reward model (ImageReward)", "cache": "a DiT's cache update", "output": "the output copy"}
+
+
+def describe_fault(exc: BaseException, finished: int) -> str:
+    """What failed (the block, the stage and the model), why, and that the finished blocks were kept."""
+    stage = STAGE_NAMES.get(getattr(exc, "sdvg_stage", ""), "the sampler")
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not isinstance(exc, NonFiniteError | ConfigError):
+        detail = f"{type(exc).__name__}: {detail}"
+    hint = ""
+    if "out of memory" in detail.lower():
+        hint = (" Free memory: fewer blocks or a smaller size, fp8 weights for the DiTs, or the text encoder, VAE and "
+                "reward on another device (--aux-device / the loaders' device).")
+    kept = f"the {finished} finished block(s) were kept" if finished else "no block had finished"
+    return f"Block {finished} failed in {stage}: {detail}{hint} ({kept})."
 
 
 class _Run:
@@ -228,11 +233,18 @@ class _Run:
         return denoisers
 
     def _encode_prompt(self, prompt_embeds):
-        if prompt_embeds is not None:
-            return prompt_embeds
-        if self.s.models.text_encoder is None:
-            raise ConfigError("No text encoder and no prompt embeddings were given.")
-        return self.s.models.text_encoder.encode(self.prompt)
+        if prompt_embeds is None:
+            if self.s.models.text_encoder is None:
+                raise ConfigError("No text encoder and no prompt embeddings were given.")
+            prompt_embeds = self.s.models.text_encoder.encode(self.prompt)
+        dit = self.s.models.target if self.s.models.target is not None else self.s.models.drafter
+        want = int(dit.config["text_dim"])
+        if not torch.is_tensor(prompt_embeds) or prompt_embeds.ndim != 3 or prompt_embeds.shape[0] != 1 \
+                or prompt_embeds.shape[-1] != want or not prompt_embeds.is_floating_point():
+            got = tuple(prompt_embeds.shape) if torch.is_tensor(prompt_embeds) else type(prompt_embeds).__name__
+            raise ConfigError(f"prompt_embeds must be a float tensor [1, tokens, {want}] (the DiTs' text width); "
+                              f"got {got}.")
+        return prompt_embeds
 
     @property
     def drafter_device(self) -> torch.device:
@@ -259,12 +271,26 @@ class _Run:
         return block < self.s.config.num_blocks and self.router.forced_target(block) is None
 
     def draft_on(self, block: int, history: BlockHistory, timings: dict) -> Draft:
-        return Draft(block, self._denoise("drafter", block, history, timings), last_token(history))
+        result = self._denoise("drafter", block, history, timings)
+        return Draft(block, result, last_token(history), finite=_finite(result.x0))
+
+    def reject_unverifiable(self, draft: Draft) -> RouteRecord:
+        if "target" not in self.denoisers:
+            raise NonFiniteError(f"The drafter produced NaN/inf latents in block {draft.block} and draft-only mode has "
+                                 "no target to redo it. Load the drafter in bf16 or fp32, or check its checkpoint.")
+        logger.warning("block %d: the drafter produced NaN/inf latents; the target makes the block", draft.block)
+        return self.router.fault_record(draft.block, "non-finite draft: the drafter produced NaN/inf latents")
 
     def decode(self, latents: torch.Tensor, timings: dict) -> torch.Tensor:
         with self.meter.phase(timings, "decode", self.aux_device):
             with self.hooks.call("decode", (self.vae.frames_decoded == 0, int(latents.shape[2]))):
-                return self.vae.decode_block(latents)
+                frames = self.vae.decode_block(latents)
+            if not _finite(frames):
+                raise NonFiniteError(
+                    "The VAE decoder produced NaN/inf pixels from finite latents. Load the VAE in fp32 or bf16 (fp16 "
+                    "overflows), or check the VAE file."
+                )
+            return frames
 
     def score(self, frames: torch.Tensor, timings: dict) -> torch.Tensor:
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
@@ -282,10 +308,15 @@ class _Run:
 
     def _step_hook(self, block: int, model: str):
         def hook(step: int, num_steps: int) -> None:
-            if self.cancel is not None and self.cancel():
+            try:
+                stop = self.cancel is not None and self.cancel()
+                if not stop and self.user_on_step is not None:
+                    self.user_on_step(StepEvent(block, model, step, num_steps))
+            except Exception as exc:  # the caller's own exception (a host's interrupt): passed on unchanged
+                exc.sdvg_from_callback = True
+                raise
+            if stop:
                 raise CancelledError(f"cancelled at block {block}, {model} step {step}")
-            if self.user_on_step is not None:
-                self.user_on_step(StepEvent(block, model, step, num_steps))
 
         return hook
 
@@ -296,7 +327,13 @@ class _Run:
             den.sync(history)
         noise = self.noise.get(block, den.device, den.dtype)
         with self.meter.denoise(model, timings, den.device):
-            return den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model), **kwargs)
+            result = den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model), **kwargs)
+            if model == "target" and not _finite(result.x0):  # a drafter's NaN only rejects its draft (draft_on)
+                raise NonFiniteError(
+                    f"The target produced NaN/inf latents in block {block}. Load the DiTs in bf16 or fp32 (fp16 and "
+                    "plain fp8 can overflow), or check the target checkpoint."
+                )
+        return result
 
     def _regenerate(self, b: int, draft: Draft, timings: dict) -> DenoiseResult:
         """The target redoes a rejected block from the same noise; refine-on-reject starts mid-way from the draft."""
@@ -360,5 +397,5 @@ class _Run:
             "schedule": self.s.schedule,
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,
-            "router": to_jsonable(asdict(self.s.router_config)),
+            "router": self.s.router_config.to_dict(),
         }

@@ -148,6 +148,11 @@ def build_step_schedule(spec, num_blocks: int, scheduler: FlowMatchScheduler) ->
         if not spec:
             raise ConfigError("Step schedule list is empty; give at least one list of timesteps.")
         rows = [spec] if all(_is_number(v) for v in spec) else list(spec)
+        if len(rows) > num_blocks:
+            raise ConfigError(
+                f"Step schedule has {len(rows)} per-block lists but the video has {num_blocks} block(s); give at most "
+                "one list per block (the last list repeats for later blocks)."
+            )
         lists = []
         for i, row in enumerate(rows):
             if not isinstance(row, Sequence) or isinstance(row, (str, bytes)) or not all(_is_number(v) for v in row):

@@ -33,6 +33,7 @@ class Draft:
     block: int
     result: DenoiseResult
     base: int | None  # token of the last history block it was drafted on (None: drafted on an empty history)
+    finite: bool = True  # False: the drafter produced NaN/inf latents; the draft is rejected without decoding
 
     @property
     def history_block(self) -> HistoryBlock:
@@ -64,6 +65,8 @@ class VerifyHost(Protocol):
 
     def route(self, block: int, frames: torch.Tensor, timings: dict) -> RouteRecord: ...
 
+    def reject_unverifiable(self, draft: Draft) -> RouteRecord: ...
+
 
 def last_token(history: BlockHistory) -> int | None:
     return history.blocks[-1].token if len(history) else None
@@ -72,8 +75,12 @@ def last_token(history: BlockHistory) -> int | None:
 def check(host: VerifyHost, draft: Draft, timings: dict,
           on_decoded: Callable[[torch.Tensor | None], None] | None = None) -> Verification:
     """Snapshot the VAE, decode the draft, score and route it. ``on_decoded`` gets the frames (None if the decode
-    failed) as soon as they exist, before scoring."""
+    failed) as soon as they exist, before scoring. A non-finite draft is rejected without a decode."""
     snapshot = host.vae.snapshot()
+    if not draft.finite:
+        if on_decoded is not None:
+            on_decoded(None)
+        return Verification(snapshot, None, host.reject_unverifiable(draft))
     frames = None
     try:
         frames = host.decode(draft.result.x0, timings)
@@ -134,7 +141,7 @@ class PipelinedVerifier(SequentialVerifier):
     def verify(self, draft: Draft, timings: dict) -> Verification:
         """Verify ``draft`` on the worker while drafting the next block, assuming ``draft`` is accepted."""
         host = self.host
-        if not host.draftable(draft.block + 1):
+        if not draft.finite or not host.draftable(draft.block + 1):  # nothing to overlap, or nothing to build on
             return check(host, draft, timings)
         ready = None
         if self.side_stream is not None:

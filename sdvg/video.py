@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from .errors import ConfigError
+from .outputs import SDVG_OUTPUT_KEY, write_atomic
 
 WAN_FPS = 16
 
@@ -20,14 +21,17 @@ def to_uint8(frames: torch.Tensor) -> torch.Tensor:
 
 
 def write_mp4(frames: torch.Tensor, path: str | Path, *, fps: int = WAN_FPS, crf: int = 18) -> Path:
-    """Encode ``[F, H, W, 3]`` frames to H.264 (yuv420p) mp4; falls back to MPEG-4 Part 2 if libx264 is absent."""
-    import av
-
+    """Encode ``[F, H, W, 3]`` frames to H.264 (yuv420p) mp4 (MPEG-4 Part 2 if libx264 is absent), atomically: a
+    failed write (full disk, killed process) leaves no broken file."""
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
         raise ConfigError(f"Expected frames [F, H, W, 3] with F ≥ 1, got {tuple(frames.shape)}.")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = to_uint8(frames).numpy()
+    return write_atomic(path, lambda tmp: _encode_mp4(data, tmp, fps, crf))
+
+
+def _encode_mp4(data, path: Path, fps: int, crf: int) -> None:
+    import av
+
     height, width = data.shape[1:3]
     pad_h, pad_w = height % 2, width % 2  # yuv420p needs even sizes
     with av.open(str(path), mode="w") as container:
@@ -46,7 +50,6 @@ def write_mp4(frames: torch.Tensor, path: str | Path, *, fps: int = WAN_FPS, crf
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-    return path
 
 
 def read_mp4_frame_count(path: str | Path) -> int:
@@ -57,9 +60,9 @@ def read_mp4_frame_count(path: str | Path) -> int:
 
 
 def save_tensor_file(path: str | Path, name: str, tensor: torch.Tensor, metadata: dict | None = None) -> Path:
+    """One tensor as safetensors (atomically), marked as an SDVG output so a rerun may overwrite it."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({name: tensor.detach().cpu().contiguous()}, str(path), metadata={k: str(v) for k, v in (metadata or {}).items()})
-    return path
+    meta = {SDVG_OUTPUT_KEY: name, **{k: str(v) for k, v in (metadata or {}).items()}}
+    data = {name: tensor.detach().cpu().contiguous()}
+    return write_atomic(path, lambda tmp: save_file(data, str(tmp), metadata=meta))

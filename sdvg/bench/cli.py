@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 
 from ..devices import resolve_device, set_cpu_threads
 from ..errors import ConfigError
+from ..jsonable import to_jsonable
+from ..outputs import plan_outputs, write_atomic
 from .real_size import REAL_HEIGHT, REAL_SIZE_NOTES, REAL_WIDTH, format_plan, memory_plan
 from .report import SCHEMA, format_table, render_plot
 from .runner import BenchSettings, run_bench, run_once
@@ -90,6 +90,7 @@ def settings_from_args(args) -> BenchSettings:
 def cmd_bench(args) -> int:
     s = settings_from_args(args)
     select(default_variants(s.profile, s.levels), s.only)  # a misspelt --only fails before anything loads
+    plan_outputs({"bench_json": args.json, "bench_plot": args.plot})  # and so does an output that cannot be written
     if args.profile == "real-size":
         return _cmd_real_size(args, s)
     return _cmd_tiny(args, s)
@@ -104,17 +105,13 @@ def _emit(report: dict, args) -> None:
 
 
 def _write_json(data: dict, path: str) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2, default=_json_default) + "\n", encoding="utf-8")
-    _log(f"wrote {out}")
+    text = json.dumps(to_jsonable(data), indent=2, allow_nan=False, default=_json_default) + "\n"
+    _log(f"wrote {write_atomic(path, lambda tmp: tmp.write_text(text, encoding='utf-8'))}")
 
 
 def _json_default(obj):
     if isinstance(obj, torch.dtype):
         return str(obj).replace("torch.", "")
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
     raise TypeError(f"not JSON-serializable: {type(obj).__name__}")
 
 

@@ -1,0 +1,92 @@
+"""The sampler's settings (:class:`SamplerConfig`) and every check on them that needs no model: run
+``validate()`` before loading anything (the CLI and the nodes do)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .blocks import SPATIAL_MULTIPLE, VAE_SCALE, pixel_frames_for_blocks
+from .errors import ConfigError
+from .regimes import CacheConfig
+from .scheduler import FlowMatchScheduler, build_step_schedule
+
+OUTPUT_DTYPES = ("float", "uint8")
+
+
+@dataclass
+class SamplerConfig:
+    num_blocks: int = 7
+    width: int = 832
+    height: int = 480
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    schedule: str | Sequence[Sequence[float]] = "constant"
+    pipelined: bool = False
+    refine_from_step: int | None = None
+    num_frames: int | None = None  # trim the output to this many pixel frames
+    output_dtype: str = "float"  # "float" ([0,1] float32) or "uint8"
+
+    def validate(self) -> SamplerConfig:
+        """Every check that needs no model (run it before loading any); raises ConfigError. Returns self."""
+        self._check_types()
+        w, h, m = self.width, self.height, SPATIAL_MULTIPLE
+        if w <= 0 or h <= 0 or w % m or h % m:
+            raise ConfigError(
+                f"Width and height must be positive multiples of {m}, got {w}×{h}. "
+                f"Try {max(m, round(w / m) * m)}×{max(m, round(h / m) * m)}."
+            )
+        if self.num_blocks < 1:
+            raise ConfigError(f"num_blocks must be at least 1, got {self.num_blocks}.")
+        self._check_output_fits()
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}.")
+        if self.num_frames is not None and not 1 <= self.num_frames <= pixel_frames_for_blocks(self.num_blocks):
+            raise ConfigError(f"num_frames {self.num_frames} does not fit {self.num_blocks} blocks.")
+        if self.output_dtype not in OUTPUT_DTYPES:
+            raise ConfigError(f"output_dtype must be 'float' or 'uint8', got {self.output_dtype!r}.")
+        steps = max(len(row) for row in self.step_schedule())
+        if self.refine_from_step is not None and not 1 <= self.refine_from_step < steps:
+            raise ConfigError(
+                f"refine_from_step must be between 1 and {steps - 1} (the schedule has {steps} steps; 0 or ≥ {steps} "
+                f"would be a full regeneration), got {self.refine_from_step}."
+            )
+        return self
+
+    def _check_types(self) -> None:
+        for name in ("width", "height", "num_blocks", "seed", "num_frames", "refine_from_step"):
+            value = getattr(self, name)
+            optional = name in ("num_frames", "refine_from_step")
+            if (value is None and not optional) or (value is not None and (isinstance(value, bool) or not isinstance(value, int))):
+                raise ConfigError(f"{name} must be a whole number{' or None' if optional else ''}, got {value!r}.")
+        if not isinstance(self.pipelined, bool):
+            raise ConfigError(f"pipelined must be True or False, got {self.pipelined!r}.")
+        if not isinstance(self.cache, CacheConfig):
+            raise ConfigError(f"cache must be a CacheConfig, got {type(self.cache).__name__}.")
+
+    def _check_output_fits(self) -> None:
+        """The run keeps every output frame in RAM (float32): refuse a video that cannot fit before allocating it."""
+        need = pixel_frames_for_blocks(self.num_blocks) * self.width * self.height * 3 * 4
+        have = physical_memory_bytes()
+        if have is not None and need > have:
+            gib = 2**30
+            raise ConfigError(
+                f"{self.num_blocks} blocks at {self.width}×{self.height} need {need / gib:.1f} GiB for the output "
+                f"frames alone, more than this machine's {have / gib:.1f} GiB of RAM. Use fewer blocks or a smaller size."
+            )
+
+    def step_schedule(self) -> list[list[float]]:
+        return build_step_schedule(self.schedule, self.num_blocks, FlowMatchScheduler())
+
+    @property
+    def latent_hw(self) -> tuple[int, int]:
+        return self.height // VAE_SCALE, self.width // VAE_SCALE
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's RAM (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
