@@ -194,6 +194,9 @@ def cmd_eval(args) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ConfigError(f"Unknown or empty --methods {list(bad or methods)}; use a comma list of {', '.join(METHODS)}.")
+    for option, value in (("--limit", args.limit), ("--max-rows", args.max_rows)):
+        if value is not None and value < 1:  # 0 or a negative number never means "all"
+            raise ConfigError(f"{option} must be at least 1 (leave it out for no limit), got {value}.")
     taus = parse_taus(args.taus)
     prompts = read_prompts(args.prompts)[: args.limit] if args.limit else read_prompts(args.prompts)
     metrics = [load_metric(spec) for spec in args.metric]

@@ -137,3 +137,23 @@ def test_set_cpu_threads_sets_validates_and_keeps_torch_choice_without_a_number(
                 set_cpu_threads(bad)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--limit", "0"], "--limit must be at least 1"),
+        (["--limit", "-1"], "--limit must be at least 1"),
+        (["--max-rows", "-3"], "--max-rows must be at least 1"),
+        (["--methods", ","], "Unknown or empty --methods"),
+        (["--methods", "sdvg,fast"], "Unknown or empty --methods ['fast']"),
+        (["--taus", "a,b"], "--taus must be comma-separated numbers"),
+    ],
+)
+def test_eval_refuses_bad_arguments_before_any_model_loads(tmp_path, capsys, extra, message):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a fox\n", encoding="utf-8")
+    missing = tmp_path / "not-there.safetensors"
+    code = main(["eval", "--prompts", str(prompts), "--out", str(tmp_path / "ev"), "--target", str(missing), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "not-there" not in err

@@ -46,6 +46,11 @@ def models_dir(tmp_path_factory):
     save_file({"model." + k: v for k, v in random_original_state_dict(config, seed=99).items()},
               str(root / "diffusion_models" / "sdvg_other_text_dim.safetensors"),
               metadata={META_NUM_HEADS: str(config["num_attention_heads"])})
+    # a target whose output head is NaN: a fault in the middle of a run
+    broken = random_original_state_dict(TINY_TARGET_CONFIG, seed=4321)
+    broken["head.head.bias"] = broken["head.head.bias"] * float("nan")
+    save_file({"model." + k: v for k, v in broken.items()}, str(root / "diffusion_models" / "sdvg_nan_target.safetensors"),
+              metadata={META_NUM_HEADS: str(TINY_TARGET_CONFIG["num_attention_heads"])})
     return root
 
 
@@ -177,6 +182,19 @@ def test_mismatched_drafter_and_target_is_a_node_error(server):
     assert errors and errors[0]["node_type"] == "SDVGSpeculativeSampler", log.types()
     assert errors[0]["exception_type"].endswith("ConfigError") and "text_dim" in errors[0]["exception_message"]
     assert not log.of("sdvg.block") and server.alive()
+
+
+def test_a_target_that_produces_nan_is_an_execution_error_naming_it_and_the_server_stays_up(server):
+    prompt = tiny_prompt()
+    node = sampler_id(prompt)
+    target_loader = prompt[node]["inputs"]["target"][0]
+    prompt[target_loader]["inputs"]["model_name"] = "sdvg_nan_target.safetensors"
+    log = server.run(prompt)
+    errors = log.of("execution_error")
+    assert errors and errors[0]["node_type"] == "SDVGSpeculativeSampler", log.types()
+    assert errors[0]["exception_type"].endswith("RunFailed")
+    assert "The target produced NaN/inf latents in block 0" in errors[0]["exception_message"]
+    assert server.alive() and "execution_success" in server.run(tiny_prompt()).types()  # and the next run works
 
 
 def test_bad_sampler_settings_are_refused_at_queue_time_before_any_node_runs(server):
