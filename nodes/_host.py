@@ -73,6 +73,27 @@ def raise_if_interrupted() -> None:
         mm.throw_exception_if_processing_interrupted()
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is ComfyUI's interrupt (raised by its progress hook once the user pressed Cancel)."""
+    mm = model_management()
+    cls = getattr(mm, "InterruptProcessingException", None) if mm is not None else None
+    return cls is not None and isinstance(exc, cls)
+
+
+def set_interrupt() -> None:
+    """Put a consumed Cancel back, so the next cancel poll sees it."""
+    mm = model_management()
+    if mm is not None and hasattr(mm, "interrupt_current_processing"):
+        mm.interrupt_current_processing(True)
+
+
+def clear_interrupt() -> None:
+    """Consume the user's Cancel without raising (the node returns what it finished instead)."""
+    mm = model_management()
+    if mm is not None and hasattr(mm, "interrupt_current_processing"):
+        mm.interrupt_current_processing(False)
+
+
 # --------------------------------------------------------------------------------------------- folders
 def folder_paths():
     try:

@@ -62,11 +62,16 @@ def block_payload(node_id: str, display_node_id: str, record, num_blocks: int, n
 
 
 class _Progress:
-    """Monotonic per-node progress: each block is PROGRESS_PER_BLOCK units, split between drafter and target."""
+    """Monotonic per-node progress: each block is PROGRESS_PER_BLOCK units, split between drafter and target.
 
-    def __init__(self, num_blocks: int, node_id: str):
+    ComfyUI's progress hook raises its interrupt once Cancel is pressed. With ``keep_on_cancel`` that interrupt is
+    put back instead, so the sampler's own cancel poll stops the run after the current step and the finished blocks
+    come out."""
+
+    def __init__(self, num_blocks: int, node_id: str, keep_on_cancel: bool = False):
         self.total = num_blocks * PROGRESS_PER_BLOCK
         self.value = 0
+        self.keep_on_cancel = keep_on_cancel
         self.bar = _host.progress_bar(self.total, node_id)
 
     def step(self, block: int, model: str, step: int, num_steps: int) -> None:
@@ -82,18 +87,24 @@ class _Progress:
 
     def _set(self, value: int, preview=None) -> None:
         self.value = max(self.value, min(value, self.total))
-        if self.bar is not None:
-            image = ("JPEG", preview, PREVIEW_MAX_SIDE) if preview is not None else None
+        if self.bar is None:
+            return
+        image = ("JPEG", preview, PREVIEW_MAX_SIDE) if preview is not None else None
+        try:
             self.bar.update_absolute(self.value, self.total, image)
+        except Exception as exc:
+            if not (self.keep_on_cancel and _host.is_interrupt(exc)):
+                raise
+            _host.set_interrupt()
 
 
 class BlockStream:
     """Streams one sampler run to the canvas (see the module docstring). Use as a context manager."""
 
-    def __init__(self, node_id: str, display_id: str, num_blocks: int) -> None:
+    def __init__(self, node_id: str, display_id: str, num_blocks: int, *, keep_on_cancel: bool = False) -> None:
         self.ids = {"node": node_id, "display_node": display_id}
         self.num_blocks = num_blocks
-        self.progress = _Progress(num_blocks, node_id)
+        self.progress = _Progress(num_blocks, node_id, keep_on_cancel)
         self.encoder = PreviewEncoder(max_side=PREVIEW_MAX_SIDE)
         self.started = time.perf_counter()
         self._sent: set[int] = set()

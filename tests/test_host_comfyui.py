@@ -160,6 +160,21 @@ def test_cancel_stops_within_a_step_and_the_server_stays_up(server, models_dir):
     assert "execution_success" in server.run(tiny_prompt(blocks=1, seed=6)).types()
 
 
+def test_cancel_with_keep_finished_blocks_saves_them_and_the_prompt_completes(server, models_dir):
+    prompt = tiny_prompt(blocks=40, seed=5, on_cancel="keep finished blocks")
+    log = server.run(prompt, interrupt_when=lambda log: bool(log.of("sdvg.block")))
+    types = log.types()
+    assert "execution_success" in types and "execution_interrupted" not in types, types
+    finished = len(log.of("sdvg.block"))
+    assert 1 <= finished < 40
+    saved = [o for o in log.of("executed") if o["output"] and "images" in o["output"] and o["output"].get("animated")]
+    files = [Path(server.tmp) / "out" / i["subfolder"] / i["filename"] for o in saved for i in o["output"]["images"]]
+    from sdvg.video import read_mp4_frame_count
+
+    assert files and read_mp4_frame_count(files[-1]) == 12 * finished - 3  # exactly the finished blocks, saved
+    assert server.alive()
+
+
 def test_corrupt_model_gives_execution_error_and_server_stays_up(server, models_dir):
     prompt = copy.deepcopy(tiny_prompt())
     loader = next(k for k, n in prompt.items() if n["class_type"] == "SDVGModelLoader")

@@ -254,6 +254,18 @@ def test_cancel_stops_within_a_step_and_raises_host_interrupt(tiny_host, tiny_no
     assert tiny_host.interrupted is False  # the flag was consumed by ComfyUI's own check
 
 
+def test_cancel_can_keep_the_finished_blocks_as_the_node_outputs(tiny_host, tiny_nodes):
+    tiny_host.interrupt_after_steps = 6  # Cancel during block 1
+    out, _router = _run_tiny(tiny_nodes, blocks=5, on_cancel="keep finished blocks")
+    images, latent, report = out.args
+    data = json.loads(report)
+    finished = len(data["blocks"])
+    assert data["partial"] is True and 1 <= finished < 5
+    assert images.shape[0] == 12 * finished - 3 and latent["samples"].shape[2] == 3 * finished
+    assert tiny_host.interrupted is False  # the Cancel was consumed: the graph goes on with these outputs
+    assert len(tiny_host.events_of("sdvg.done")) == 1
+
+
 def test_sampler_config_errors_are_clear(tiny_host, tiny_nodes):
     nodes = tiny_nodes
     from sdvg_pack_under_test.sdvg.errors import ConfigError

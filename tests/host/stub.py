@@ -276,8 +276,12 @@ def _build_modules(host: StubHost) -> dict[str, types.ModuleType]:
             host.interrupted = False
             raise InterruptProcessingException()
 
+    def interrupt_current_processing(value=True):
+        host.interrupted = bool(value)
+
     mm.processing_interrupted = processing_interrupted
     mm.throw_exception_if_processing_interrupted = throw_exception_if_processing_interrupted
+    mm.interrupt_current_processing = interrupt_current_processing
 
     utils = types.ModuleType("comfy.utils")
 
