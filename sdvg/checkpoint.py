@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import logging
+import os
 import pickle
 import re
 import zipfile
@@ -169,6 +171,31 @@ def format_hint(path: Path) -> str:
     return ""
 
 
+def broken_link(path: str | Path) -> str | None:
+    """'<link> is a broken symbolic link ...' (naming its target) when ``path`` or a folder above it is a symbolic
+    link whose target is missing or that loops; None otherwise (including for a plain missing path)."""
+    for p in (Path(path), *Path(path).parents):
+        if not p.is_symlink() or p.exists():
+            continue
+        target = os.readlink(p)
+        try:
+            os.stat(p)
+            loop = False
+        except OSError as exc:
+            loop = exc.errno == errno.ELOOP
+        where = (f"it points to {target}, which leads back to itself (a loop)" if loop else
+                 f"it points to {target}, which is missing (moved, deleted, renamed, or on a drive that is not mounted)")
+        return (f"{p} is a broken symbolic link: {where}. Fix the link (ln -sfn <the real file> {p}) or pass the "
+                "real file's path.")
+    return None
+
+
+def require_path(path: str | Path, not_found: str) -> None:
+    """A :class:`ModelFileError` when ``path`` is missing: :func:`broken_link`'s message, else ``not_found``."""
+    if not Path(path).exists():
+        raise ModelFileError(broken_link(path) or not_found)
+
+
 def check_not_foreign(path: Path) -> None:
     """Raise when the first bytes show that ``path`` is no checkpoint at all (an image, a web page, an LFS pointer)."""
     what = sniff(path)
@@ -252,9 +279,23 @@ def read_safetensors(
 # torch pickles
 
 
+# torch's advice on refusing a pickle (weights_only=False, allowlist the globals) runs a malicious file's payload
+_UNSAFE_ADVICE = re.compile(r"weights_only`?\s*(set to|=)\s*`?false|safe_globals|allowlist|trust|arbitrary code"
+                            r"|two options|documentation of torch\.load|file an issue", re.IGNORECASE)
+
+
+def safe_detail(text: str) -> str:
+    """torch's reason for refusing a file, without its sentences advising to load it unsafely."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # terminal colour codes
+    sentences = re.split(r"(?<=[.!?:])\s+|\n+", text)
+    kept = [s.strip() for s in sentences if s.strip() and not _UNSAFE_ADVICE.search(s)]
+    return " ".join(kept)
+
+
 def _unpickling_detail(exc: Exception) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return next((ln for ln in lines if "Unsupported" in ln), lines[0] if lines else type(exc).__name__)[:300]
+    lines = [d for d in map(safe_detail, str(exc).splitlines()) if d and d.rstrip(":") != "WeightsUnpickler error"]
+    detail = next((ln for ln in lines if "Unsupported" in ln), lines[0] if lines else type(exc).__name__)
+    return detail[:300].rstrip(". ")
 
 
 def torch_load(path: str | Path) -> Any:
@@ -269,26 +310,30 @@ def torch_load(path: str | Path) -> Any:
                 raise
             return torch.load(str(path), map_location="cpu", weights_only=True)  # a legacy (non-zip) pickle
     except pickle.UnpicklingError as exc:
-        detail, hint = _unpickling_detail(exc), format_hint(path)
-        if hint:  # text, or a safetensors file under a pickle name
-            raise ModelFileError(
-                f"{path}: not a PyTorch checkpoint, so torch.load(weights_only=True) cannot read it ({detail}).{hint}"
-            ) from exc
-        held = ("code or objects that are not plain tensors" if "global" in detail.lower() or "class" in detail.lower()
-                else "code, objects or pickle instructions a plain tensor file does not need (or it is not a torch "
-                     "checkpoint at all)")
-        raise ModelFileError(
-            f"{path}: refused to load. The pickle holds {held}, so the safe loader (torch.load weights_only=True) "
-            f"rejected it ({detail}). SDVG never runs code from model files: use a .safetensors version of this "
-            "checkpoint or a plain tensor state dict."
-        ) from exc
+        raise _refusal(path, _unpickling_detail(exc)) from None  # torch's own text advises weights_only=False
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
         hint = format_hint(path) or (" The file is truncated or corrupt (an interrupted download?) or not a torch "
                                      "checkpoint; download it again.")
         raise ModelFileError(
             f"{path}: could not read the torch checkpoint with torch.load(weights_only=True) ({type(exc).__name__}: "
-            f"{str(exc)[:300]}).{hint}"
+            f"{safe_detail(str(exc))[:300]}).{hint}"
         ) from exc
+
+
+def _refusal(path: Path, detail: str) -> ModelFileError:
+    """The error for a pickle the safe loader rejected: never torch's advice to load it unsafely."""
+    hint = format_hint(path)
+    if hint:  # text, or a safetensors file under a pickle name
+        return ModelFileError(f"{path}: not a PyTorch checkpoint, so torch.load(weights_only=True) cannot read it "
+                              f"({detail}).{hint}")
+    held = ("code or objects that are not plain tensors" if "global" in detail.lower() or "class" in detail.lower() else
+            "code, objects or pickle instructions a plain tensor file does not need (or it is not a torch checkpoint)")
+    return ModelFileError(
+        f"{path}: refused to load. The pickle holds {held}, so the safe loader (torch.load weights_only=True) "
+        f"rejected it ({detail}). SDVG never runs code from model files, and loading this one any other way could "
+        "run whatever it holds: use a .safetensors version of this checkpoint (or a plain tensor state dict) "
+        "from a source you trust."
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------

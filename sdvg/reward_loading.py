@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import describe_keys, load_checkpoint, looks_like
+from .checkpoint import describe_keys, load_checkpoint, looks_like, require_path
 from .devices import parse_dtype, resolve_device
 from .errors import ConfigError, ModelFileError
 from .reward import MAX_PROMPT_TOKENS, MLP_DIMS, ImageReward, ImageRewardConfig, build_modules
@@ -186,11 +186,10 @@ def _overrides(path: Path, metadata: Mapping[str, str]) -> dict:
 
 def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """Tensors and an optional config-override dict from ``.pt``/``.pth``/``.bin`` (weights_only) or ``.safetensors``."""
-    if not path.is_file():
-        raise ModelFileError(
-            f"ImageReward checkpoint not found: {path}. Download ImageReward.pt (THUDM/ImageReward on Hugging Face, "
-            "1.79 GB) into models/image_reward/ and put bert-base-uncased's vocab.txt beside it."
-        )
+    require_path(path, f"ImageReward checkpoint not found: {path}. Download ImageReward.pt (THUDM/ImageReward on "
+                       "Hugging Face, 1.79 GB) into models/image_reward/ and put bert-base-uncased's vocab.txt beside it.")
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a folder, not an ImageReward checkpoint: pass the ImageReward.pt inside it.")
     ck = load_checkpoint(path)
     keys = list(ck.tensors)
     if not any(k.startswith(VISION_PREFIX) for k in keys) or not any(k.startswith(MLP_PREFIX) for k in keys):
@@ -202,22 +201,51 @@ def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return ck.tensors, _overrides(path, ck.metadata)
 
 
-def _read_vocab(path: Path) -> collections.OrderedDict[str, int]:
-    vocab: collections.OrderedDict[str, int] = collections.OrderedDict()
-    with path.open("r", encoding="utf-8") as fh:
-        for index, line in enumerate(fh):
-            vocab[line.rstrip("\n")] = index
-    return vocab
+def read_vocab_lines(path: Path) -> list[str]:
+    """The lines of a WordPiece vocab.txt (one token a line), refusing a missing, non-UTF-8 or empty file."""
+    require_path(path, f"Tokenizer vocabulary not found: {path}. {VOCAB_HELP}")
+    if path.is_dir():
+        raise ModelFileError(f"The tokenizer vocabulary {path} is a folder; pass its vocab.txt. {VOCAB_HELP}")
+    data = path.read_bytes()
+    if not data:
+        raise ModelFileError(f"{path}: this vocab.txt is empty (0 bytes; an interrupted download?). {VOCAB_HELP}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelFileError(f"{path}: this vocab.txt is not UTF-8 text (byte {data[exc.start]:#04x} at offset "
+                             f"{exc.start}), so it is not bert-base-uncased's. {VOCAB_HELP}") from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as open(): universal newlines
+    if lines[-1] == "":
+        lines.pop()
+    if not any(line.strip() for line in lines):
+        raise ModelFileError(f"{path}: this vocab.txt is empty ({len(lines)} blank line{'s' * (len(lines) != 1)}, "
+                             f"no tokens). {VOCAB_HELP}")
+    return lines
 
 
-def load_tokenizer(vocab_path: Path):
+def check_vocab_size(lines: list[str], vocab_path: Path, cfg: ImageRewardConfig, path: Path) -> None:
+    """A vocab.txt has one line per word embedding of the checkpoint, less ImageReward's [DEC] and [ENC]."""
+    want = cfg.vocab_size - 2
+    if len(lines) == want:
+        return
+    if want == BERT_VOCAB_LINES:
+        raise ModelFileError(f"{vocab_path}: this vocab.txt has {len(lines):,} lines, bert-base-uncased's has "
+                             f"{BERT_VOCAB_LINES:,} (the vocabulary {path.name} was trained with). {VOCAB_HELP}")
+    raise ModelFileError(
+        f"{vocab_path}: this vocab.txt has {len(lines):,} lines, but {path.name} has {cfg.vocab_size:,} word "
+        f"embeddings, so its vocabulary has {want:,} lines (+ [DEC], [ENC]); bert-base-uncased's has "
+        f"{BERT_VOCAB_LINES:,}. Use the vocab.txt this checkpoint was made with."
+    )
+
+
+def load_tokenizer(vocab_path: Path, lines: list[str] | None = None):
     """bert-base-uncased style BertTokenizer from a local vocab.txt, plus ImageReward's [DEC] and [ENC] tokens."""
     from transformers import BertTokenizer
 
-    if not vocab_path.is_file():
-        raise ModelFileError(f"Tokenizer vocabulary not found: {vocab_path}. {VOCAB_HELP}")
+    lines = read_vocab_lines(vocab_path) if lines is None else lines
     if "vocab" in inspect.signature(BertTokenizer.__init__).parameters:  # transformers >= 5
-        tok = BertTokenizer(vocab=_read_vocab(vocab_path), do_lower_case=True)
+        vocab = collections.OrderedDict((line, index) for index, line in enumerate(lines))
+        tok = BertTokenizer(vocab=vocab, do_lower_case=True)
     else:  # transformers 4.x
         tok = BertTokenizer(vocab_file=str(vocab_path), do_lower_case=True)
     tok.add_special_tokens({"bos_token": "[DEC]"})
@@ -285,11 +313,14 @@ def load_image_reward(
         raise ConfigError(f"ImageReward does not support {target_dtype} weights; use fp32, bf16 or fp16.")
     state, overrides = read_checkpoint(path)
     cfg = infer_config({k: tuple(v.shape) for k, v in state.items()}, overrides=overrides, path=str(path))
-    tokenizer = load_tokenizer(_find_vocab(path, vocab))
-    if len(tokenizer) != cfg.vocab_size:
+    vocab_path = _find_vocab(path, vocab)
+    lines = read_vocab_lines(vocab_path)
+    check_vocab_size(lines, vocab_path, cfg, path)
+    tokenizer = load_tokenizer(vocab_path, lines)
+    if len(tokenizer) != cfg.vocab_size:  # repeated lines
         raise ModelFileError(
-            f"Vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens ({len(tokenizer) - 2} from vocab.txt "
-            f"+ [DEC], [ENC]) but {path.name} has {cfg.vocab_size} word embeddings. {VOCAB_HELP}"
+            f"{vocab_path}: this vocab.txt has {len(lines):,} lines but only {len(tokenizer) - 2:,} distinct tokens "
+            f"(some lines repeat), and {path.name} has {cfg.vocab_size:,} word embeddings. {VOCAB_HELP}"
         )
     mapped = map_official_keys(state)
     if mapped.unknown:

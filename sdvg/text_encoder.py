@@ -27,7 +27,15 @@ from typing import Any
 
 import torch
 
-from .checkpoint import describe_keys, load_checkpoint, looks_like, parameters_on_meta, prefix_before, strip_prefix
+from .checkpoint import (
+    describe_keys,
+    load_checkpoint,
+    looks_like,
+    parameters_on_meta,
+    prefix_before,
+    require_path,
+    strip_prefix,
+)
 from .devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
 from .errors import ConfigError, ModelFileError
 
@@ -280,9 +288,8 @@ class TextEncoder:
         Face folder. ``tokenizer`` (a ``spiece.model``/``tokenizer.json`` file or a folder holding one) overrides
         the tokenizer found with the weights. Nothing is ever downloaded."""
         p = Path(path).expanduser()
-        if not p.exists():
-            raise ModelFileError(f"Text encoder not found: {p}. Put umt5_xxl_*.safetensors into models/text_encoders/ "
-                                 "or fix the path.")
+        require_path(p, f"Text encoder not found: {p}. Put umt5_xxl_*.safetensors into models/text_encoders/ or "
+                        "fix the path.")
         dev = resolve_device(device, what="text encoder")
         want = parse_dtype(dtype, default=default_compute_dtype(dev))
         if want == FP8_STORAGE:
@@ -314,8 +321,7 @@ def _tokenizer_from_arg(t: Path) -> LocalTokenizer:
         if found is None:
             raise ModelFileError(f"{t}: no spiece.model or tokenizer.json in this tokenizer folder.")
         t = found
-    if not t.is_file():
-        raise ModelFileError(f"Tokenizer not found: {t}.")
+    require_path(t, f"Tokenizer not found: {t}. Pass a spiece.model or tokenizer.json file, or a folder holding one.")
     return LocalTokenizer.from_file(t)
 
 

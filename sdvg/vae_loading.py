@@ -21,6 +21,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
 from .checkpoint import (
     Checkpoint,
+    broken_link,
     common_prefix,
     describe_checkpoint,
     describe_keys,
@@ -299,6 +300,9 @@ def build_vae_model(path: Path, sd: dict[str, torch.Tensor], cfg_hint: dict | No
 
 
 def _not_found(path: Path) -> ModelFileError:
+    link = broken_link(path)
+    if link:
+        return ModelFileError(link)
     near = ""
     if path.parent.is_dir():
         cands = sorted(p.name for p in path.parent.iterdir() if p.suffix.lower() in VAE_SUFFIXES)

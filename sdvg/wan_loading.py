@@ -37,6 +37,7 @@ from .checkpoint import (
     prefix_before,
     read_safetensors,
     read_safetensors_header,
+    require_path,
     torch_load,
     unwrap_state_dict,
 )
@@ -159,9 +160,8 @@ def _resolve_diffusers_dir(path: Path) -> Path:
 
 def _open_source(path: str | os.PathLike) -> _Source:
     p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelFileError(f"DiT checkpoint not found: {p}. Put the file there (e.g. models/diffusion_models/) or fix "
-                             "the path.")
+    require_path(p, f"DiT checkpoint not found: {p}. Put the file there (e.g. models/diffusion_models/) or fix the "
+                    "path.")
     if p.is_dir():
         return _open_diffusers_dir(_resolve_diffusers_dir(p))
     name = p.name.lower()

@@ -270,3 +270,73 @@ def test_parameters_on_meta_builds_without_memory_and_restores():
         layer = nn.Linear(1024, 1024)
     assert layer.weight.is_meta and isinstance(layer.weight, nn.Parameter)
     assert not nn.Linear(2, 2).weight.is_meta
+
+
+# ---- wording of refusals ------------------------------------------------------------------------------------------
+
+# torch 2.6+'s text when weights_only=True refuses a global: both pieces of advice would run a malicious payload
+TORCH_REFUSAL = (
+    "Weights only load failed. This file can still be loaded, to do so you have two options, \x1b[1mdo those steps "
+    "only if you trust the source of the checkpoint\x1b[0m. \n\t(1) In PyTorch 2.6, we changed the default value of "
+    "the `weights_only` argument in `torch.load` from `False` to `True`. Re-running `torch.load` with `weights_only` "
+    "set to `False` will likely succeed, but it can result in arbitrary code execution. Do it only if you got the "
+    "file from a trusted source.\n\t(2) Alternatively, to load with `weights_only=True` please check the recommended "
+    "steps in the following error message.\n\tWeightsUnpickler error: Unsupported global: GLOBAL posix.system was "
+    "not an allowed global by default. Please use `torch.serialization.add_safe_globals([posix.system])` or the "
+    "`torch.serialization.safe_globals([posix.system])` context manager to allowlist this global if you trust this "
+    "class/function.\n\nCheck the documentation of torch.load to learn more about types accepted by default with "
+    "weights_only https://pytorch.org/docs/stable/generated/torch.load.html."
+)
+UNSAFE_ADVICE = ("weights_only=False", "set to `False`", "safe_globals", "allowlist", "trusted source", "Re-running")
+
+
+def test_safe_detail_keeps_the_reason_and_drops_the_unsafe_advice():
+    detail = ck.safe_detail(TORCH_REFUSAL)
+    assert "Unsupported global: GLOBAL posix.system was not an allowed global by default" in detail
+    assert not any(bad in detail for bad in UNSAFE_ADVICE), detail
+    assert "\x1b" not in detail
+    assert ck.safe_detail("Unsupported operand 149") == "Unsupported operand 149"
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("name", ["evil.pt", "raw.ckpt", "legacy.pth"])
+def test_pickle_refusal_never_passes_on_torchs_advice(tmp_path, name):
+    target = tmp_path / "pwned.txt"
+    payload = {"w": torch.zeros(2), "x": _CreatesFile(str(target))}
+    if name == "raw.ckpt":
+        (tmp_path / name).write_bytes(pickle.dumps(_CreatesFile(str(target))))
+    else:
+        torch.save(payload, tmp_path / name, _use_new_zipfile_serialization=name == "evil.pt")
+    with pytest.raises(ModelFileError) as err:
+        ck.load_checkpoint(tmp_path / name)
+    msg = str(err.value)
+    assert "SDVG never runs code from model files" in msg and "use a .safetensors version" in msg, msg
+    assert not any(bad in msg for bad in UNSAFE_ADVICE), msg
+    assert err.value.__cause__ is None and err.value.__suppress_context__  # no traceback quotes torch's text either
+    assert not target.exists()
+
+
+def test_broken_symbolic_links_are_named_with_their_target(tmp_path):
+    dangling = tmp_path / "krea.safetensors"
+    dangling.symlink_to(tmp_path / "downloads" / "krea.safetensors")
+    loop = tmp_path / "loop.pt"
+    loop.symlink_to(loop)
+    (tmp_path / "models").symlink_to(tmp_path / "unmounted-drive")
+    cases = {
+        dangling: f"{dangling} is a broken symbolic link: it points to {tmp_path / 'downloads' / 'krea.safetensors'}, "
+                  "which is missing",
+        loop: f"{loop} is a broken symbolic link: it points to {loop}, which leads back to itself (a loop)",
+        tmp_path / "models" / "vae" / "wan_2.1_vae.safetensors":
+            f"{tmp_path / 'models'} is a broken symbolic link: it points to {tmp_path / 'unmounted-drive'}",
+    }
+    for path, expected in cases.items():
+        with pytest.raises(ModelFileError) as err:
+            ck.require_path(path, "not found")
+        assert expected in str(err.value) and "does not exist" not in str(err.value), str(err.value)
+        assert "Fix the link" in str(err.value)
+    with pytest.raises(ModelFileError, match="^plain missing$"):
+        ck.require_path(tmp_path / "nothing.pt", "plain missing")
+    (tmp_path / "real.pt").write_bytes(b"x")
+    (tmp_path / "good.pt").symlink_to(tmp_path / "real.pt")
+    ck.require_path(tmp_path / "good.pt", "not found")
+    assert ck.broken_link(tmp_path / "good.pt") is None

@@ -16,6 +16,7 @@ from sdvg.reward import ImageRewardConfig, build_mlp, build_modules
 from sdvg.reward_loading import (
     SAFETENSORS_CONFIG_KEY,
     UNUSED_KEYS,
+    check_vocab_size,
     infer_config,
     load_image_reward,
     map_official_keys,
@@ -101,8 +102,55 @@ def test_missing_vocab(tiny_reward_path, tmp_path):
 def test_vocab_size_mismatch(tiny_reward_path, tmp_path):
     shutil.copy(tiny_reward_path, tmp_path / "ImageReward.pt")
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncat\n")
-    with pytest.raises(ModelFileError, match="Vocabulary mismatch.*8 tokens.*word embeddings"):
+    with pytest.raises(ModelFileError, match=r"vocab.txt has 6 lines, but ImageReward.pt has \d+ word embeddings, so "
+                                             r"its vocabulary has \d+ lines .*bert-base-uncased's has 30,522"):
         load_image_reward(tmp_path / "ImageReward.pt")
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", "vocab.txt is empty (0 bytes"),
+    (b"\n\n\n", "vocab.txt is empty (3 blank lines, no tokens)"),
+    (b"  \r\n\t\r\n", "vocab.txt is empty (2 blank lines, no tokens)"),
+    ("[PAD]\ncaf\u00e9\n".encode("latin-1"), "vocab.txt is not UTF-8 text (byte 0xe9 at offset 9)"),
+])  # fmt: skip
+def test_empty_or_unreadable_vocab_says_so(tiny_reward_path, tmp_path, content, expected):
+    shutil.copy(tiny_reward_path, tmp_path / "ImageReward.pt")
+    (tmp_path / "vocab.txt").write_bytes(content)
+    with pytest.raises(ModelFileError) as err:
+        load_image_reward(tmp_path / "ImageReward.pt")
+    msg = str(err.value)
+    assert expected in msg and str(tmp_path / "vocab.txt") in msg and "30,522 lines" in msg, msg
+    assert "from vocab.txt" not in msg
+
+
+def test_official_checkpoint_with_a_short_vocab_names_both_line_counts(tmp_path):
+    official = ImageRewardConfig()  # bert-base-uncased: 30,522 words + [DEC], [ENC]
+    for n in (5, 30521, 30600):
+        with pytest.raises(ModelFileError, match=f"vocab.txt has {n:,} lines, bert-base-uncased's has 30,522"):
+            check_vocab_size(["x"] * n, tmp_path / "vocab.txt", official, Path("ImageReward.pt"))
+    check_vocab_size(["x"] * 30522, tmp_path / "vocab.txt", official, Path("ImageReward.pt"))
+
+
+def test_broken_link_to_the_checkpoint_or_vocab_names_its_target(tiny_reward_path, tmp_path):
+    (tmp_path / "ImageReward.pt").symlink_to(tmp_path / "downloads" / "ImageReward.pt")
+    with pytest.raises(ModelFileError, match="ImageReward.pt is a broken symbolic link") as err:
+        load_image_reward(tmp_path / "ImageReward.pt")
+    assert str(tmp_path / "downloads" / "ImageReward.pt") in str(err.value) and "not found" not in str(err.value)
+    (tmp_path / "vocab.txt").symlink_to(tmp_path / "bert" / "vocab.txt")
+    with pytest.raises(ModelFileError, match="vocab.txt is a broken symbolic link") as err:
+        load_image_reward(tiny_reward_path, vocab=tmp_path / "vocab.txt")
+    assert str(tmp_path / "bert" / "vocab.txt") in str(err.value)
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_png_renamed_as_image_reward_is_called_a_png_image(tmp_path, suffix):
+    from PIL import Image
+
+    path = tmp_path / f"ImageReward{suffix}"
+    Image.new("RGB", (8, 8), "red").save(path, format="PNG")
+    with pytest.raises(ModelFileError, match="this is a PNG image, not a checkpoint") as err:
+        load_image_reward(path)
+    assert str(path) in str(err.value) and "truncated" not in str(err.value)
 
 
 def test_missing_checkpoint(tmp_path):

@@ -144,3 +144,26 @@ def test_bad_files(tmp_path):
     (tmp_path / "folder").mkdir()
     with pytest.raises(ModelFileError, match="config.json"):
         te.TextEncoder.load(tmp_path / "folder", device="cpu")
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".pth"])
+def test_png_renamed_as_a_text_encoder_is_called_a_png_image(tmp_path, suffix):
+    from PIL import Image
+
+    path = tmp_path / f"umt5_xxl_fp8_e4m3fn_scaled{suffix}"
+    Image.new("RGB", (8, 8), "red").save(path, format="PNG")
+    with pytest.raises(ModelFileError, match="this is a PNG image, not a checkpoint") as err:
+        te.TextEncoder.load(path, device="cpu")
+    assert str(path) in str(err.value) and "truncated" not in str(err.value)
+
+
+def test_broken_links_to_the_encoder_or_its_tokenizer_name_their_target(tmp_path, layouts):
+    link = tmp_path / "umt5_xxl.safetensors"
+    link.symlink_to(tmp_path / "elsewhere.safetensors")
+    with pytest.raises(ModelFileError, match="is a broken symbolic link") as err:
+        te.TextEncoder.load(link, device="cpu")
+    assert str(tmp_path / "elsewhere.safetensors") in str(err.value) and "not found" not in str(err.value)
+    (tmp_path / "spiece.model").symlink_to(tmp_path / "moved" / "spiece.model")
+    with pytest.raises(ModelFileError, match="is a broken symbolic link") as err:
+        te.TextEncoder.load(layouts["wan"], device="cpu", tokenizer=tmp_path / "spiece.model")
+    assert str(tmp_path / "moved" / "spiece.model") in str(err.value)

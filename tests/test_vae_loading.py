@@ -162,3 +162,23 @@ def test_wan22_vae_in_diffusers_layout_is_refused(tmp_path):
         with pytest.raises(ModelFileError, match="Wan 2.2") as info:
             StreamingVAE.load(path, device="cpu", dtype="fp32")
         assert path.name in str(info.value)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".pth"])
+def test_png_renamed_as_a_vae_is_called_a_png_image(tmp_path, suffix):
+    from PIL import Image
+
+    path = tmp_path / f"wan_2.1_vae{suffix}"
+    Image.new("RGB", (8, 8), "red").save(path, format="PNG")
+    with pytest.raises(ModelFileError, match="this is a PNG image, not a checkpoint") as err:
+        StreamingVAE.load(path, device="cpu")
+    assert str(path) in str(err.value) and "truncated" not in str(err.value)
+
+
+def test_broken_link_to_a_vae_names_its_target(tmp_path):
+    link = tmp_path / "wan_2.1_vae.safetensors"
+    link.symlink_to(tmp_path / "old" / "wan_2.1_vae.safetensors")
+    with pytest.raises(ModelFileError, match="is a broken symbolic link") as err:
+        StreamingVAE.load(link, device="cpu")
+    assert str(tmp_path / "old" / "wan_2.1_vae.safetensors") in str(err.value)
+    assert "not found" not in str(err.value)

@@ -264,3 +264,20 @@ def test_plain_fp8_file_loads(tmp_path, weights):
     kept = wl.load_dit(tmp_path / "plain_fp8.safetensors", dtype="fp8_e4m3fn")
     assert kept.blocks[1].attn2.to_v.weight.dtype == torch.float8_e4m3fn
     torch.testing.assert_close(kept.blocks[1].attn2.to_v.weight.float(), fp8["blocks.1.cross_attn.v.weight"].float())
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".pth"])
+def test_png_renamed_as_a_dit_is_called_a_png_image(tmp_path, suffix):
+    from PIL import Image
+
+    path = tmp_path / f"krea-realtime-video-14b{suffix}"
+    Image.new("RGB", (8, 8), "red").save(path, format="PNG")
+    msg = _raises(path, "this is a PNG image, not a checkpoint")
+    assert "truncated" not in msg
+
+
+def test_broken_link_to_a_dit_names_its_target(tmp_path):
+    link = tmp_path / "self_forcing_dmd.pt"
+    link.symlink_to(tmp_path / "gone" / "self_forcing_dmd.pt")
+    msg = _raises(link, "is a broken symbolic link", str(tmp_path / "gone" / "self_forcing_dmd.pt"))
+    assert "not found" not in msg
