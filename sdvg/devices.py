@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import ConfigError
@@ -17,6 +19,9 @@ DTYPES: dict[str, torch.dtype] = {
 FP8_STORAGE = "fp8_e4m3fn"
 DIT_DTYPES = ("auto", "bf16", "fp16", "fp32", FP8_STORAGE)  # the DiT weight choices (CLI --dtype, loader node)
 AUX_DTYPES = ("auto", "bf16", "fp16", "fp32")  # text encoder, VAE, reward
+DEVICE_TYPES = ("cpu", "cuda", "mps")  # where SDVG runs; everything else torch knows (meta, xla, ...) is refused
+DEVICE_CHOICES = "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+THREADS_PER_CORE = 4  # --threads above cores × this is refused (libgomp crashes on huge thread counts)
 
 
 def resolve_device(spec: str | torch.device | None, *, what: str = "model") -> torch.device:
@@ -38,9 +43,8 @@ def resolve_device(spec: str | torch.device | None, *, what: str = "model") -> t
         try:
             dev = torch.device(text)
         except (RuntimeError, ValueError) as exc:
-            raise ConfigError(
-                f"Unknown device {spec!r} for the {what}. Use 'auto', 'cpu', 'cuda' or 'cuda:N'."
-            ) from exc
+            raise ConfigError(f"Unknown device {spec!r} for the {what}. Use {DEVICE_CHOICES}.") from exc
+    _check_device_type(dev, spec, what)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
@@ -58,6 +62,25 @@ def resolve_device(spec: str | torch.device | None, *, what: str = "model") -> t
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ConfigError(f"The {what} was placed on mps but MPS is not available. Choose 'cpu' or 'auto'.")
     return dev
+
+
+def _check_device_type(dev: torch.device, spec, what: str) -> None:
+    """Only cpu/cuda/mps: 'meta' (shapes, no values) and other back ends (xla, hpu, ...) fail far downstream."""
+    if dev.type == "meta":
+        raise ConfigError(
+            f"The device {str(spec)!r} for the {what} is PyTorch's 'meta' device, which holds shapes but no values, "
+            f"so nothing can run on it. Use {DEVICE_CHOICES}."
+        )
+    if dev.type not in DEVICE_TYPES:
+        raise ConfigError(
+            f"The device {str(spec)!r} for the {what} is of type {dev.type!r}, which SDVG does not run on. Use "
+            f"{DEVICE_CHOICES}."
+        )
+
+
+def max_cpu_threads() -> int:
+    """The most ``--threads`` accepted: the machine's cores × :data:`THREADS_PER_CORE`."""
+    return (os.cpu_count() or 1) * THREADS_PER_CORE
 
 
 def parse_dtype(name: str | torch.dtype | None, *, default: torch.dtype) -> torch.dtype | str:
@@ -82,11 +105,18 @@ def default_compute_dtype(device: torch.device) -> torch.dtype:
 
 def set_cpu_threads(n: int | None, default: int | None = None) -> int:
     """Set torch's intra-op CPU threads to ``n`` (or ``default`` when ``n`` is None; both None: torch's choice) and
-    return the number in force. ``n`` < 1 is a ConfigError that names the option."""
+    return the number in force. ``n`` < 1 or above :func:`max_cpu_threads` is a ConfigError that names the option."""
     n = n if n is not None else default
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"--threads must be a whole number ≥ 1, got {n!r}.")
+        limit = max_cpu_threads()
+        if n > limit:
+            raise ConfigError(
+                f"--threads {n} is more than this machine can use: it has {os.cpu_count() or 1} CPU core(s), and at "
+                f"most {limit} threads ({THREADS_PER_CORE} per core) are accepted. Use a number from 1 to {limit}, "
+                "or leave --threads out for PyTorch's choice."
+            )
         torch.set_num_threads(n)
     return torch.get_num_threads()
 
