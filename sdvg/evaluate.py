@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from .checkpoint import broken_link
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -64,9 +65,7 @@ class VideoMetric(Protocol):
 def temporal_flicker(frames: torch.Tensor, prompt: str) -> dict[str, float]:
     """Example metric: mean absolute difference of consecutive frames (0 = static; high = flicker or fast motion)."""
     del prompt
-    if frames.shape[0] < 2:
-        return {"flicker": 0.0}
-    return {"flicker": float((frames[1:] - frames[:-1]).abs().mean())}
+    return {"flicker": float((frames[1:] - frames[:-1]).abs().mean()) if frames.shape[0] >= 2 else 0.0}
 
 
 temporal_flicker.names = ("flicker",)  # type: ignore[attr-defined]
@@ -85,22 +84,54 @@ def load_metric(spec: str) -> tuple[str, Callable]:
         if not hasattr(obj, part):
             raise ConfigError(f"--metric {spec}: {module_name} has no attribute {attr!r}.")
         obj = getattr(obj, part)
-    if isinstance(obj, type):
-        obj = obj()
+    obj = obj() if isinstance(obj, type) else obj
     if not callable(obj):
         raise ConfigError(f"--metric {spec}: {attr!r} is not callable.")
     return spec, obj
 
 
 def read_prompts(path: str | Path) -> list[str]:
+    """The prompts of a UTF-8 text file, one a line (blank lines and '#' comments skipped; a BOM is ignored)."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"Prompt file not found: {p}.")
-    prompts = [line.strip() for line in p.read_text(encoding="utf-8").splitlines()]
-    prompts = [x for x in prompts if x and not x.startswith("#")]
+        problem = broken_link(p) or (f"The prompt file {p} is a folder." if p.is_dir() else f"No prompt file {p}.")
+        raise ConfigError(f"{problem} Pass a text file with one prompt per line.")
+    try:
+        text = (data := p.read_bytes()).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"The prompt file {p} is not UTF-8 text (byte {data[exc.start]:#04x} on line {line}; probably Latin-1 or "
+            f"Windows-1252). Save it as UTF-8 (an editor's 'Save as… UTF-8', or `iconv -f latin1 -t utf-8 {p} -o "
+            f"{p.stem}-utf8{p.suffix}`) and pass that file."
+        ) from None
+    prompts = [x for x in (line.strip() for line in text.splitlines()) if x and not x.startswith("#")]
     if not prompts:
         raise ConfigError(f"The prompt file {p} has no prompts (one per line; '#' starts a comment).")
     return prompts
+
+
+def check_eval_args(limit: int | None = None, max_rows: int | None = None) -> None:
+    """``--limit`` and ``--max-rows``: None (all) or a whole number ≥ 1; 0 or a negative never means "all"."""
+    for option, value, what in (("--limit", limit, "prompts"), ("--max-rows", max_rows, "new rows")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{option} must be a whole number ≥ 1 (how many {what} to run), got {value!r}. Leave "
+                              f"it out to run all {what}.")
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """The eval output folder, created if needed and checked writable (call it before any model loads)."""
+    out = Path(out_dir)
+    problem = broken_link(out) or (f"{out} is a file, not a folder." if out.exists() and not out.is_dir() else None)
+    try:
+        problem = problem or out.mkdir(parents=True, exist_ok=True)  # None: made, or there
+    except OSError as exc:
+        problem = f"cannot create the folder {out} ({exc.strerror or exc})."
+    problem = problem or (None if os.access(out, os.W_OK | os.X_OK) else f"the folder {out} is not writable.")
+    if problem:
+        raise ConfigError(f"--out: {problem} eval writes {RESULTS}, {SUMMARY}, {PARETO} and videos/ into a folder: "
+                          "pass a new or existing folder you can write to (e.g. --out eval-runs/first).")
+    return out
 
 
 def parse_taus(text: str) -> tuple[float, ...]:
@@ -153,17 +184,14 @@ class ResultsFile:
         return {self.key(r) for r in self.rows}
 
     def find(self, prompt_id: int, method: str, tau: float | None) -> dict[str, str] | None:
-        k = (str(prompt_id), method, tau_key(tau))
-        return next((r for r in self.rows if self.key(r) == k), None)
+        return next((r for r in self.rows if self.key(r) == (str(prompt_id), method, tau_key(tau))), None)
 
     def append(self, row: dict[str, Any]) -> None:
         metrics = sorted(k for k in row if k.startswith(METRIC_PREFIX))
+        new = self.columns is None or not self.path.exists() or self.path.stat().st_size == 0
         if self.columns is None:
             names = [METRIC_PREFIX + n for n in self.metric_names] if self.metric_names is not None else metrics
             self.columns = [*BASE_COLUMNS, *names]
-            new = True
-        else:
-            new = not self.path.exists() or self.path.stat().st_size == 0
         extra = [m for m in metrics if m not in self.columns]
         if extra:
             raise ConfigError(
@@ -190,10 +218,8 @@ def _cell(value) -> str:
 
 
 def _num(text: str | None) -> float | None:
-    if text in (None, ""):
-        return None
     try:
-        return float(text)
+        return None if text in (None, "") else float(text)
     except ValueError:
         return None
 
@@ -203,10 +229,7 @@ def _num(text: str | None) -> float | None:
 
 
 def _pattern_string(blocks) -> str:
-    out = []
-    for r in blocks:
-        out.append("A" if r.produced_by == "drafter" else ("R" if r.drafted else "T"))
-    return "".join(out)
+    return "".join("A" if r.produced_by == "drafter" else ("R" if r.drafted else "T") for r in blocks)
 
 
 def write_video_atomic(frames: torch.Tensor, path: Path) -> Path:
@@ -269,14 +292,8 @@ def plan_rows(n_prompts: int, taus: Sequence[float], methods: Sequence[str]) -> 
     """The (prompt id, method, τ) rows in run order: per prompt target-only, draft-only, sdvg τ…, random τ…."""
     rows = []
     for pid in range(n_prompts):
-        if "target-only" in methods:
-            rows.append((pid, "target-only", None))
-        if "draft-only" in methods:
-            rows.append((pid, "draft-only", None))
-        if "sdvg" in methods:
-            rows += [(pid, "sdvg", t) for t in taus]
-        if "random" in methods:
-            rows += [(pid, "random", t) for t in taus]
+        rows += [(pid, m, None) for m in ("target-only", "draft-only") if m in methods]
+        rows += [(pid, m, t) for m in ("sdvg", "random") if m in methods for t in taus]
     return rows
 
 
@@ -288,16 +305,11 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     from .router import RouterConfig, random_pattern
     from .sampler import SamplerConfig
 
-    if "target-only" not in methods and any(m != "target-only" for m in methods):
-        raise ConfigError("The evaluation needs the target-only method: speedup and retention are relative to it.")
-    if models.reward is None:
-        raise ConfigError("The evaluation scores every output with ImageReward; no reward model was given.")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_inputs(models, prompts, taus, methods, max_rows)
+    out = check_out_dir(out_dir)  # before any row runs
     for stale in (out / "videos").glob(".*.tmp.mp4") if (out / "videos").is_dir() else []:
         stale.unlink()
-    declared = _declared_names(metrics)
-    results = ResultsFile(out / RESULTS, declared)
+    results = ResultsFile(out / RESULTS, _declared_names(metrics))
     config = sampler_config or SamplerConfig(num_blocks=3, width=64, height=64)
     plan = plan_rows(len(prompts), taus, methods)
     done = results.done()
@@ -347,6 +359,17 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     render_pareto(summary, out / PARETO)
     return {"written": written, "skipped": len(plan) - len(todo), "complete": complete, "summary": summary,
             "results": str(out / RESULTS)}
+
+
+def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows) -> None:
+    if not prompts or "target-only" not in methods or not set(methods) <= set(METHODS):
+        raise ConfigError(f"Nothing to compare: {len(prompts)} prompt(s), methods {list(methods)}. Pass prompts and "
+                          f"some of {', '.join(METHODS)}, target-only among them (speedups are relative to it).")
+    if not taus and {"sdvg", "random"} & set(methods):
+        raise ConfigError("The sdvg and random methods run at each τ and no τ was given: pass taus (e.g. -0.7).")
+    check_eval_args(max_rows=max_rows)
+    if models.reward is None:
+        raise ConfigError("The evaluation scores every output with ImageReward; no reward model was given.")
 
 
 def _declared_names(metrics) -> list[str] | None:

@@ -117,3 +117,84 @@ def test_load_metric_and_inputs():
 def test_sample_prompt_file_is_valid(repo_root):
     prompts = ev.read_prompts(repo_root / "bench" / "prompts_sample.txt")
     assert 8 <= len(prompts) <= 12 and all(len(p) > 30 for p in prompts)
+
+
+# ---- bad inputs: clear refusals, before any row runs ---------------------------------------------------------------
+
+
+def test_prompt_file_that_is_not_utf8_says_how_to_fix_it(tmp_path):
+    for name, text in (("latin1.txt", "a café at dusk\nune forêt\n"), ("cp1252.txt", "a “quoted” prompt\n")):
+        path = tmp_path / name
+        path.write_bytes(text.encode("latin-1" if name == "latin1.txt" else "cp1252"))
+        with pytest.raises(ConfigError) as err:
+            ev.read_prompts(path)
+        msg = str(err.value)
+        assert f"The prompt file {path} is not UTF-8 text (byte 0x" in msg and "on line 1" in msg, msg
+        assert "Save it as UTF-8" in msg and f"iconv -f latin1 -t utf-8 {path}" in msg, msg
+
+
+def test_prompt_file_with_a_bom_folder_or_broken_link(tmp_path):
+    (tmp_path / "bom.txt").write_bytes("\ufeffa red fox\n# c\n\nneon city\n".encode())
+    assert ev.read_prompts(tmp_path / "bom.txt") == ["a red fox", "neon city"]
+    (tmp_path / "dir.txt").mkdir()
+    (tmp_path / "link.txt").symlink_to(tmp_path / "moved.txt")
+    cases = {tmp_path / "dir.txt": "is a folder", tmp_path / "link.txt": f"is a broken symbolic link: it points to "
+             f"{tmp_path / 'moved.txt'}", tmp_path / "none.txt": "No prompt file"}
+    for path, expected in cases.items():
+        with pytest.raises(ConfigError, match="Pass a text file with one prompt per line") as err:
+            ev.read_prompts(path)
+        assert expected in str(err.value), str(err.value)
+
+
+class _NoRun:
+    """Models whose use would be a bug: every check must fire before a row or a warm-up runs."""
+
+    reward = object()
+
+    @property
+    def text_encoder(self):
+        raise AssertionError("a row ran")
+
+
+def test_out_that_is_a_file_is_refused_before_any_row_runs(tmp_path):
+    (tmp_path / "results.csv").write_text("x")
+    for out, expected in ((tmp_path / "results.csv", f"--out: {tmp_path / 'results.csv'} is a file, not a folder."),
+                          (tmp_path / "results.csv" / "sub", f"cannot create the folder {tmp_path / 'results.csv'}")):
+        with pytest.raises(ConfigError) as err:
+            ev.evaluate(_NoRun(), PROMPTS, out, sampler_config=CONFIG)
+        msg = str(err.value)
+        assert expected in msg and "pass a new or existing folder you can write to" in msg, msg
+    (tmp_path / "runs").symlink_to(tmp_path / "unmounted")
+    with pytest.raises(ConfigError, match="runs is a broken symbolic link"):
+        ev.check_out_dir(tmp_path / "runs" / "eval")
+    assert ev.check_out_dir(tmp_path / "new" / "eval").is_dir()
+
+
+@pytest.mark.parametrize("max_rows", [0, -3, 2.5, True])
+def test_max_rows_below_one_never_means_all(tmp_path, max_rows):
+    with pytest.raises(ConfigError, match=rf"--max-rows must be a whole number ≥ 1 \(how many new rows to run\), got "
+                                          rf"{max_rows!r}"):
+        ev.evaluate(_NoRun(), PROMPTS, tmp_path / "out", sampler_config=CONFIG, max_rows=max_rows)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, False])
+def test_check_eval_args_refuses_a_limit_below_one(limit):
+    with pytest.raises(ConfigError, match=rf"--limit must be a whole number ≥ 1 \(how many prompts to run\), got "
+                                          rf"{limit!r}\. Leave it out to run all prompts"):
+        ev.check_eval_args(limit=limit, max_rows=3)
+    ev.check_eval_args(limit=1, max_rows=None)
+    ev.check_eval_args()
+
+
+@pytest.mark.parametrize("prompts, taus, methods, expected", [
+    (PROMPTS, (-1.0,), (), "Nothing to compare: 2 prompt(s), methods []"),
+    (PROMPTS, (-1.0,), ("sdvg",), "target-only among them"),
+    (PROMPTS, (-1.0,), ("target-only", "fast"), "methods ['target-only', 'fast']"),
+    ([], (-1.0,), ("target-only",), "Nothing to compare: 0 prompt(s)"),
+    (PROMPTS, (), ("target-only", "sdvg"), "no τ was given"),
+])  # fmt: skip
+def test_a_plan_with_nothing_to_run_is_refused(tmp_path, prompts, taus, methods, expected):
+    with pytest.raises(ConfigError) as err:
+        ev.evaluate(_NoRun(), prompts, tmp_path / "out", taus=taus, methods=methods, sampler_config=CONFIG)
+    assert expected in str(err.value), str(err.value)
