@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .checkpoint import require_path
 from .devices import resolve_device
 from .errors import ConfigError, ModelFileError
 
@@ -94,36 +95,88 @@ def load_models(
     aux_device: str = "auto",
     dtype: str = "auto",
 ) -> SDVGModels:
-    """Load the models named in ``need``: explicit files win, the rest is looked up in ``models_dir``."""
+    """Load the models named in ``need``: explicit files win, the rest is looked up in ``models_dir``.
+
+    The text encoder loads first and each DiT is checked against it (and the drafter against the target) right
+    after it loads, so a mismatched file is named before the rest is loaded."""
     from .reward_loading import load_image_reward
     from .text_encoder import TextEncoder
     from .vae import StreamingVAE
     from .wan_loading import load_dit
 
     explicit = {"drafter": drafter, "target": target, "vae": vae, "text_encoder": text_encoder, "reward": reward}
-    paths: dict[str, Path] = {}
-    for role in need:
-        if explicit[role] is not None:
-            paths[role] = Path(explicit[role])
-        elif models_dir is not None:
-            paths[role] = find_model_file(models_dir, role)
-        else:
-            raise ConfigError(f"No {role} file given and no models folder to look in.")
-        if not paths[role].exists():
-            raise ModelFileError(f"The {role} file {paths[role]} does not exist.")
+    paths = {role: _model_path(role, explicit[role], models_dir) for role in need}
     dit_dev = resolve_device(dit_device, what="DiTs")
     aux_dev = resolve_device(aux_device, what="text encoder, VAE and reward model")
     aux_dtype = torch.float32 if aux_dev.type == "cpu" else torch.bfloat16
     logger.info("loading models: %s", {k: str(v) for k, v in paths.items()})
+    encoder = (TextEncoder.load(paths["text_encoder"], device=aux_dev, dtype=aux_dtype)
+               if "text_encoder" in paths else None)
+    dits: dict[str, torch.nn.Module] = {}
+    for role in ("target", "drafter"):
+        if role in paths:
+            dits[role] = load_dit(paths[role], dtype=dtype, device=dit_dev)
+            check_text_width(encoder, paths.get("text_encoder"), dits[role], role, paths[role])
+    check_dit_pair(dits, paths)
     return SDVGModels(
-        target=load_dit(paths["target"], dtype=dtype, device=dit_dev) if "target" in paths else None,
-        drafter=load_dit(paths["drafter"], dtype=dtype, device=dit_dev) if "drafter" in paths else None,
+        target=dits.get("target"),
+        drafter=dits.get("drafter"),
         vae=StreamingVAE.load(paths["vae"], device=aux_dev, dtype=aux_dtype),
-        text_encoder=(
-            TextEncoder.load(paths["text_encoder"], device=aux_dev, dtype=aux_dtype) if "text_encoder" in paths else None
-        ),
+        text_encoder=encoder,
         reward=load_image_reward(paths["reward"], device=aux_dev) if "reward" in paths else None,
     )
+
+
+def _model_path(role: str, explicit: str | Path | None, models_dir: str | Path | None) -> Path:
+    if explicit is not None:
+        path = Path(explicit)
+    elif models_dir is not None:
+        path = find_model_file(models_dir, role)
+    else:
+        raise ConfigError(f"No {role} file given and no models folder to look in.")
+    require_path(path, f"The {role} file {path} does not exist. Fix the path, or put the file in "
+                 f"models/{MODEL_FOLDERS[role]}/.")
+    return path
+
+
+UMT5_XXL_WIDTH = 4096  # d_model of UMT5-XXL = text_dim of every Wan 2.1 DiT
+
+
+def check_text_width(encoder: TextEncoder | None, encoder_path: Path | None, dit: torch.nn.Module, role: str,
+                     dit_path: Path) -> None:
+    """The text encoder's output width must be the DiT's ``text_dim`` (otherwise the DiT's text projection fails
+    with "mat1 and mat2 shapes cannot be multiplied" at the first step)."""
+    want = int(dit.config["text_dim"])
+    if encoder is None or encoder.text_dim == want:
+        return
+    fix = (f"use the UMT5-XXL encoder that matches these DiTs ({want} wide), e.g. umt5_xxl_fp8_e4m3fn_scaled."
+           "safetensors or models_t5_umt5-xxl-enc-bf16.pth" if want == UMT5_XXL_WIDTH
+           else f"use the text encoder this DiT was made with ({want} wide)")
+    raise ConfigError(
+        f"The text encoder {encoder_path} gives {encoder.text_dim}-wide embeddings, but the {role} DiT {dit_path} takes "
+        f"text_dim {want}: {fix}."
+    )
+
+
+PAIR_KEYS = ("in_channels", "out_channels", "patch_size", "text_dim")  # what drafter and target must share
+
+
+def check_dit_pair(dits: dict[str, torch.nn.Module], paths: dict[str, Path]) -> None:
+    """Drafter and target share the latent space, the patching and the text encoder (the sampler checks again)."""
+    if len(dits) < 2:
+        return
+    target, drafter = dits["target"].config, dits["drafter"].config
+    for key in PAIR_KEYS:
+        if _as_tuple(target[key]) != _as_tuple(drafter[key]):
+            raise ConfigError(
+                f"Drafter and target do not match: {key} is {drafter[key]} for the drafter {paths['drafter']} and "
+                f"{target[key]} for the target {paths['target']}. Both must be Wan 2.1 T2V DiTs sharing the latent "
+                "space and the text encoder: pick a drafter made for this target (e.g. Self-Forcing for Krea)."
+            )
+
+
+def _as_tuple(value) -> tuple:
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
 def roles_needed(router: RouterConfig) -> tuple[str, ...]:

@@ -1,0 +1,71 @@
+"""Loading the model bundle: paths checked first, the text encoder's width and the DiT pair checked right after
+loading, with messages that name both files and the fix."""
+
+from __future__ import annotations
+
+import pytest
+from safetensors.torch import save_file
+
+from sdvg.errors import ConfigError, ModelFileError
+from sdvg.fixtures import tiny
+from sdvg.pipeline import check_text_width, load_models
+from sdvg.wan_keys import META_NUM_HEADS, make_config
+
+
+def _write_dit(path, *, text_dim: int = tiny.TINY_TEXT_DIM, patch=(1, 2, 2)):
+    config = make_config(2, 16, 16, 16, text_dim, 64, 64, 1, patch)
+    sd = tiny.random_original_state_dict(config, seed=5)
+    save_file({"model." + k: v for k, v in sd.items()}, str(path), metadata={META_NUM_HEADS: "2"})
+    return path
+
+
+@pytest.mark.parametrize("role", ["target", "drafter"])
+def test_text_encoder_narrower_than_the_dit_is_refused_naming_both(tiny_dir, tmp_path, role):
+    wide = _write_dit(tmp_path / "wide_dit.safetensors", text_dim=96)
+    with pytest.raises(ConfigError) as err:
+        load_models(tiny_dir, **{role: wide}, need=(role, "text_encoder", "vae"), dit_device="cpu",
+                    aux_device="cpu", dtype="fp32")
+    msg = str(err.value)
+    te_file = tiny_dir / "text_encoders" / "sdvg_tiny_umt5.safetensors"
+    assert f"The text encoder {te_file} gives {tiny.TINY_TEXT_DIM}-wide embeddings, but the {role} DiT {wide} " \
+           "takes text_dim 96: use the text encoder this DiT was made with (96 wide)." in msg, msg
+
+
+def test_real_size_mismatch_names_the_umt5_xxl_encoder(tmp_path):
+    class Encoder:
+        text_dim = 2048
+
+    class DiT:
+        config = {"text_dim": 4096}
+
+    with pytest.raises(ConfigError, match=r"gives 2048-wide embeddings, but the target DiT \S*krea.safetensors takes "
+                                          r"text_dim 4096: use the UMT5-XXL encoder that matches these DiTs "
+                                          r"\(4096 wide\), e.g. umt5_xxl_fp8_e4m3fn_scaled.safetensors"):
+        check_text_width(Encoder(), tmp_path / "t5_base.safetensors", DiT(), "target", tmp_path / "krea.safetensors")
+    Encoder.text_dim = 4096
+    check_text_width(Encoder(), tmp_path / "t5.safetensors", DiT(), "target", tmp_path / "krea.safetensors")
+    check_text_width(None, None, DiT(), "target", tmp_path / "krea.safetensors")
+
+
+def test_drafter_that_does_not_match_the_target_is_refused_after_loading(tiny_dir, tmp_path):
+    odd = _write_dit(tmp_path / "odd_patch_drafter.safetensors", patch=(1, 1, 1))
+    with pytest.raises(ConfigError) as err:
+        load_models(tiny_dir, drafter=odd, need=("target", "drafter", "text_encoder", "vae"), dit_device="cpu",
+                    aux_device="cpu", dtype="fp32")
+    msg = str(err.value)
+    assert f"patch_size is (1, 1, 1) for the drafter {odd} and (1, 2, 2) for the target" in msg, msg
+    assert "pick a drafter made for this target" in msg
+
+
+def test_missing_and_broken_model_paths_and_bad_devices(tiny_dir, tmp_path):
+    link = tmp_path / "krea.safetensors"
+    link.symlink_to(tmp_path / "external" / "krea.safetensors")
+    with pytest.raises(ModelFileError, match="krea.safetensors is a broken symbolic link: it points to ") as err:
+        load_models(tiny_dir, target=link, need=("target", "vae"))
+    assert "does not exist" not in str(err.value)
+    with pytest.raises(ModelFileError, match=r"The target file .*nope.pt does not exist. Fix the path, or put the "
+                                             r"file in models/diffusion_models/"):
+        load_models(tiny_dir, target=tmp_path / "nope.pt", need=("target", "vae"))
+    for device in ("meta", "xla"):
+        with pytest.raises(ConfigError, match=f"The device '{device}' for the DiTs"):
+            load_models(tiny_dir, need=("target", "vae"), dit_device=device)
