@@ -185,7 +185,16 @@ def evaluate_doc() -> str:
 
 def cmd_eval(args) -> int:
     from .devices import set_cpu_threads
-    from .evaluate import METHODS, evaluate, format_summary, load_metric, parse_taus, read_prompts
+    from .evaluate import (
+        METHODS,
+        check_eval_args,
+        check_out_dir,
+        evaluate,
+        format_summary,
+        load_metric,
+        parse_taus,
+        read_prompts,
+    )
 
     def log(msg: str) -> None:
         sys.stderr.write(msg + "\n")  # CLI output of the command
@@ -194,11 +203,10 @@ def cmd_eval(args) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ConfigError(f"Unknown or empty --methods {list(bad or methods)}; use a comma list of {', '.join(METHODS)}.")
-    for option, value in (("--limit", args.limit), ("--max-rows", args.max_rows)):
-        if value is not None and value < 1:  # 0 or a negative number never means "all"
-            raise ConfigError(f"{option} must be at least 1 (leave it out for no limit), got {value}.")
+    check_eval_args(args.limit, args.max_rows)  # 0 or a negative number never means "all"
     taus = parse_taus(args.taus)
     prompts = read_prompts(args.prompts)[: args.limit] if args.limit else read_prompts(args.prompts)
+    check_out_dir(args.out)
     metrics = [load_metric(spec) for spec in args.metric]
     source = cli_args.model_source(args, log=log)
     config = cli_args.sampler_config_from_args(args, source.tiny, default_blocks=3 if source.tiny else 7)

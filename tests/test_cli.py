@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -142,9 +143,10 @@ def test_set_cpu_threads_sets_validates_and_keeps_torch_choice_without_a_number(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--limit", "0"], "--limit must be at least 1"),
-        (["--limit", "-1"], "--limit must be at least 1"),
-        (["--max-rows", "-3"], "--max-rows must be at least 1"),
+        (["--limit", "0"], "--limit must be a whole number ≥ 1"),
+        (["--limit", "-1"], "--limit must be a whole number ≥ 1"),
+        (["--max-rows", "-3"], "--max-rows must be a whole number ≥ 1"),
+        (["--out", "{prompts}"], "is a file, not a folder"),
         (["--methods", ","], "Unknown or empty --methods"),
         (["--methods", "sdvg,fast"], "Unknown or empty --methods ['fast']"),
         (["--taus", "a,b"], "--taus must be comma-separated numbers"),
@@ -154,6 +156,34 @@ def test_eval_refuses_bad_arguments_before_any_model_loads(tmp_path, capsys, ext
     prompts = tmp_path / "p.txt"
     prompts.write_text("a fox\n", encoding="utf-8")
     missing = tmp_path / "not-there.safetensors"
-    code = main(["eval", "--prompts", str(prompts), "--out", str(tmp_path / "ev"), "--target", str(missing), *extra])
+    extra = [e.format(prompts=prompts) for e in extra]
+    out = [] if "--out" in extra else ["--out", str(tmp_path / "ev")]
+    code = main(["eval", "--prompts", str(prompts), *out, "--target", str(missing), *extra])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "not-there" not in err
+
+
+BLAS_PROBE = """
+import os, runpy, sys
+sys.argv = ["sdvg", "--help"]
+try:
+    runpy.run_module("sdvg", run_name="__main__")
+except SystemExit:
+    pass
+import numpy, torch
+print(os.environ["OPENBLAS_NUM_THREADS"], len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+@pytest.mark.parametrize(("user", "expected"), [(None, "1"), ("2", "2")])
+def test_cli_starts_no_openblas_workers_unless_asked(user, expected):
+    """The exit hang seen once (numpy's OpenBLAS joining its workers at exit): the CLI starts none, unless the user
+    sets OPENBLAS_NUM_THREADS."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if user is not None:
+        env["OPENBLAS_NUM_THREADS"] = user
+    out = subprocess.run([sys.executable, "-c", BLAS_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    value, threads = out.stdout.split()[-2:]
+    assert value == expected, out.stdout + out.stderr
+    assert (threads == "1") == (user is None) or os.cpu_count() == 1, out.stdout
