@@ -17,9 +17,10 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# two workers (the machines are 2-core; whole test files stay in one worker, so module fixtures are built once)
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,10 @@ REPO = Path(__file__).resolve().parent.parent
 # One intra-op thread: the tiny models are far too small to gain from more, and on a shared 2-core
 # machine two threads per op oversubscribe the cores (measured 10-30x slower under load).
 torch.set_num_threads(1)
+
+# The tiny preset that commands write when no model is named goes to a cache folder of this test process (each
+# pytest-xdist worker has its own), never the user's: no two processes write the same preset at once.
+os.environ["SDVG_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"sdvg-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 
 
 @pytest.fixture(scope="session")

@@ -112,7 +112,7 @@ def _zip_with_readme(path: Path) -> None:
     (b"\xff\xd8\xff\xe0\x00\x10JFIF" + bytes(64), "this is a JPEG image"),
     (b"GIF89a" + bytes(64), "this is a GIF image"),
     (bytes(4) + b"ftypisom" + bytes(64), "MP4/MOV video"),
-    (gzip.compress(b"x" * 100), "gzip archive"),
+    (gzip.compress(b"x" * 100, mtime=0), "gzip archive"),  # mtime 0: the same bytes (and test id) every time
     (LOGIN_PAGE, "HTML web page"),
     (LFS_POINTER, "Git LFS pointer"),
     (b"", "empty (0 bytes)"),
