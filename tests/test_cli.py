@@ -96,7 +96,10 @@ def test_make_tiny_command(tmp_path):
         assert any((tmp_path / "m" / folder).iterdir())
 
 
-def test_ctrl_c_writes_the_partial_video_and_report(tiny_dir, tmp_path):
+@pytest.mark.parametrize(("signame", "code", "said"), [("SIGINT", 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM")])
+def test_a_stop_signal_writes_the_partial_video_and_report(tiny_dir, tmp_path, signame, code, said):
+    """Ctrl-C and SIGTERM (container stops, timeout, job schedulers) stop after the current step; the finished blocks
+    are written."""
     import signal
 
     out, rep = tmp_path / "v.mp4", tmp_path / "r.json"
@@ -108,18 +111,18 @@ def test_ctrl_c_writes_the_partial_video_and_report(tiny_dir, tmp_path):
     try:
         for line in proc.stderr:
             if "block 2/40" in line:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(getattr(signal, signame))
                 break
-        stdout, _ = proc.communicate(timeout=300)
+        stdout, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == code
     report = json.loads(rep.read_text())
     assert report["partial"] is True
     finished = len(report["blocks"])
     assert 2 <= finished < 40
     assert read_mp4_frame_count(out) == 12 * finished - 3
-    assert "(partial)" in stdout
+    assert "(partial)" in stdout and f"{said}: stopping after the current step" in err
 
 
 def test_set_cpu_threads_sets_validates_and_keeps_torch_choice_without_a_number():

@@ -187,28 +187,27 @@ def test_corrupt_model_gives_execution_error_and_server_stays_up(server, models_
     assert server.alive()
 
 
-def test_mismatched_drafter_and_target_is_a_node_error(server):
+def _sampler_error_with_target(server, model_name: str):
+    """Run the tiny workflow with another target file; the sampler's execution_error and the run's log."""
     prompt = tiny_prompt()
-    node = sampler_id(prompt)
-    target_loader = prompt[node]["inputs"]["target"][0]
-    prompt[target_loader]["inputs"]["model_name"] = "sdvg_other_text_dim.safetensors"
+    target_loader = prompt[sampler_id(prompt)]["inputs"]["target"][0]
+    prompt[target_loader]["inputs"]["model_name"] = model_name
     log = server.run(prompt)
     errors = log.of("execution_error")
     assert errors and errors[0]["node_type"] == "SDVGSpeculativeSampler", log.types()
-    assert errors[0]["exception_type"].endswith("ConfigError") and "text_dim" in errors[0]["exception_message"]
+    return errors[0], log
+
+
+def test_mismatched_drafter_and_target_is_a_node_error(server):
+    error, log = _sampler_error_with_target(server, "sdvg_other_text_dim.safetensors")
+    assert error["exception_type"].endswith("ConfigError") and "text_dim" in error["exception_message"]
     assert not log.of("sdvg.block") and server.alive()
 
 
 def test_a_target_that_produces_nan_is_an_execution_error_naming_it_and_the_server_stays_up(server):
-    prompt = tiny_prompt()
-    node = sampler_id(prompt)
-    target_loader = prompt[node]["inputs"]["target"][0]
-    prompt[target_loader]["inputs"]["model_name"] = "sdvg_nan_target.safetensors"
-    log = server.run(prompt)
-    errors = log.of("execution_error")
-    assert errors and errors[0]["node_type"] == "SDVGSpeculativeSampler", log.types()
-    assert errors[0]["exception_type"].endswith("RunFailed")
-    assert "The target produced NaN/inf latents in block 0" in errors[0]["exception_message"]
+    error, _log = _sampler_error_with_target(server, "sdvg_nan_target.safetensors")
+    assert error["exception_type"].endswith("RunFailed")
+    assert "The target produced NaN/inf latents in block 0" in error["exception_message"]
     assert server.alive() and "execution_success" in server.run(tiny_prompt()).types()  # and the next run works
 
 
