@@ -48,19 +48,19 @@ def resolve_device(spec: str | torch.device | None, *, what: str = "model") -> t
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
-                f"The {what} was placed on {dev} but this PyTorch has no CUDA device. "
+                f"The device {dev} for the {what} does not exist: this PyTorch has no CUDA device. "
                 "Choose 'cpu' or 'auto', or install a CUDA build of PyTorch."
             )
         index = 0 if dev.index is None else dev.index
         count = torch.cuda.device_count()
         if index >= count:
             raise ConfigError(
-                f"The {what} was placed on cuda:{index} but only {count} CUDA device(s) exist "
+                f"The device cuda:{index} for the {what} does not exist: only {count} CUDA device(s) exist "
                 f"(cuda:0..cuda:{count - 1}). Pick an existing device."
             )
         return torch.device("cuda", index)
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError(f"The {what} was placed on mps but MPS is not available. Choose 'cpu' or 'auto'.")
+        raise ConfigError(f"The device mps for the {what} is not available here. Choose 'cpu' or 'auto'.")
     return dev
 
 

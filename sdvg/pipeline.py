@@ -133,7 +133,9 @@ def _model_path(role: str, explicit: str | Path | None, models_dir: str | Path |
     elif models_dir is not None:
         path = find_model_file(models_dir, role)
     else:
-        raise ConfigError(f"No {role} file given and no models folder to look in.")
+        option = "--" + role.replace("_", "-")
+        raise ConfigError(f"No {role.replace('_', ' ')} file given and no models folder to look in: pass {option} FILE "
+                          "or --models DIR (a ComfyUI models folder).")
     require_path(path, f"The {role} file {path} does not exist. Fix the path, or put the file in "
                  f"models/{MODEL_FOLDERS[role]}/.")
     return path

@@ -82,8 +82,11 @@ def settings_from_args(args) -> BenchSettings:
         levels=_parse_levels(args.levels),
         only=tuple(x.strip() for x in args.only.split(",") if x.strip()),
     )
-    if s.repeats < 1 or s.warmup < 0 or s.blocks < 2 or s.groups_of < 0:
-        raise ConfigError("--repeats must be ≥ 1, --warmup ≥ 0, --interleave ≥ 0 and --blocks ≥ 2.")
+    for option, value, least in (("--repeats", s.repeats, 1), ("--warmup", s.warmup, 0),
+                                 ("--interleave", s.groups_of, 0), ("--blocks", s.blocks, 2)):
+        if value < least:
+            why = " (block 0 is always the target's: a bench needs a drafted block)" if option == "--blocks" else ""
+            raise ConfigError(f"{option} must be at least {least}{why}, got {value}.")
     return s
 
 
