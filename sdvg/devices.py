@@ -33,6 +33,9 @@ def resolve_device(spec: str | torch.device | None, *, what: str = "model") -> t
     if isinstance(spec, torch.device):
         dev = spec
     else:
+        if spec is not None and not isinstance(spec, str):
+            raise ConfigError(f"The device for the {what} must be a string such as 'cuda:0' or a torch.device, got "
+                              f"{spec!r}. Use {DEVICE_CHOICES}.")
         text = (spec or "auto").strip().lower()
         if text == "auto":
             if torch.cuda.is_available():
@@ -88,6 +91,8 @@ def parse_dtype(name: str | torch.dtype | None, *, default: torch.dtype) -> torc
     for fp8 *storage* with bf16 compute (handled by the loader)."""
     if isinstance(name, torch.dtype):
         return name
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"The weight dtype must be a name such as 'bf16' or a torch.dtype, got {name!r}.")
     text = (name or "auto").strip().lower()
     if text == "auto":
         return default

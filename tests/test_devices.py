@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sdvg import devices
-from sdvg.devices import resolve_device, set_cpu_threads
+from sdvg.devices import parse_dtype, resolve_device, set_cpu_threads
 from sdvg.errors import ConfigError
 
 CHOICES = "Use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'."
@@ -72,3 +72,15 @@ def test_unknown_core_count_counts_as_one(monkeypatch):
 def test_threads_that_are_not_a_whole_number_from_one_are_refused(bad):
     with pytest.raises(ConfigError, match=r"--threads must be a whole number ≥ 1, got "):
         set_cpu_threads(bad)
+
+
+@pytest.mark.parametrize("spec", [0, 1, 1.5, ["cuda:0"]])
+def test_a_device_that_is_not_a_string_is_named(spec):
+    with pytest.raises(ConfigError, match="must be a string such as 'cuda:0'"):
+        resolve_device(spec, what="DiTs")
+
+
+@pytest.mark.parametrize("name", [16, 0.5, torch.float32.itemsize])
+def test_a_dtype_that_is_not_a_name_is_named(name):
+    with pytest.raises(ConfigError, match="must be a name such as 'bf16'"):
+        parse_dtype(name, default=torch.float32)
