@@ -40,6 +40,8 @@ import torch
 
 from .checkpoint import broken_link
 from .errors import ConfigError
+from .outputs import write_atomic
+from .video import write_mp4
 
 logger = logging.getLogger(__name__)
 
@@ -232,14 +234,6 @@ def _pattern_string(blocks) -> str:
     return "".join("A" if r.produced_by == "drafter" else ("R" if r.drafted else "T") for r in blocks)
 
 
-def write_video_atomic(frames: torch.Tensor, path: Path) -> Path:
-    from .video import write_mp4
-
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    write_mp4(frames, tmp)
-    os.replace(tmp, path)
-    return path
-
 
 def score_video(reward, frames: torch.Tensor, prompt: str, chunk: int = 16) -> tuple[float, float]:
     scores = reward.score(frames, prompt, chunk_size=chunk)
@@ -263,7 +257,7 @@ def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None,
     video = None
     if save_video:
         name = f"p{prompt_id:04d}_{method}{'_tau' + tau_key(tau) if tau is not None else ''}.mp4"
-        video = write_video_atomic(frames, out_dir / "videos" / name)
+        video = write_mp4(frames, out_dir / "videos" / name)  # atomic: a video is complete or absent
     ref_wall = _num(reference.get("wall_s")) if reference else (wall if method == "target-only" else None)
     ref_ir = _num(reference.get("ir_mean")) if reference else (ir_mean if method == "target-only" else None)
     row = {
@@ -445,14 +439,14 @@ def write_summary(summary: Sequence[dict], path: Path) -> Path:
     cols = ["method", "tau", "prompts", "speedup", "acceptance", "ir_mean", "ir_min", "ir_retention", "ir_delta",
             "pareto"]
     cols += sorted({k for s in summary for k in s if k.startswith(METRIC_PREFIX)})
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
-        w.writeheader()
-        for s in summary:
-            w.writerow({c: _cell(s.get(c)) for c in cols})
-    os.replace(tmp, path)
-    return path
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
+            w.writeheader()
+            for s in summary:
+                w.writerow({c: _cell(s.get(c)) for c in cols})
+
+    return write_atomic(path, write)
 
 
 PARETO_COLORS = {"target-only": (70, 110, 200), "draft-only": (120, 120, 120), "sdvg": (219, 109, 40),

@@ -5,11 +5,12 @@ legend. PIL only: no GUI backend, no extra dependency for ComfyUI users."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
+
+from .outputs import write_atomic
 
 Color = tuple[int, int, int]
 BLACK: Color = (0, 0, 0)
@@ -126,12 +127,7 @@ class Chart:
     # ---- output ----------------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the PNG atomically (a temporary file renamed): a reader never sees half a chart."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-        self.image.save(tmp)
-        os.replace(tmp, path)
-        return path
+        return write_atomic(path, self.image.save)
 
 
 def nice_range(values: Sequence[float], *, pad: float = 0.1, include: Sequence[float] = ()) -> tuple[float, float]:

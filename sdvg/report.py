@@ -105,5 +105,4 @@ def write_report(report: dict, path: str | Path) -> Path:
 
 def write_timeline(report: dict, path: str | Path) -> Path:
     """The timeline chart as PNG, written atomically."""
-    image = render_timeline(report)
-    return write_atomic(path, image.save)
+    return write_atomic(path, render_timeline(report).save)
