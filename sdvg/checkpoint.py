@@ -1,14 +1,13 @@
 """Reading model files, once for every loader (DiT, VAE, text encoder, ImageReward).
 
-* safetensors: the header (shapes, dtypes, ``__metadata__``) is parsed from the file's own JSON header with plain
-  reads, so inspecting a 28 GB file never maps it (mapping needs that much free address space and fails on small
-  machines); tensors are read with ``safe_open`` only when they are wanted.
+* safetensors (``safetensors_io.py``): the header is parsed from the file's own JSON header and tensors are read one
+  at a time with plain reads, so a 28 GB file is never mapped nor held whole in RAM.
 * torch pickles: always ``weights_only=True`` (no code from a model file ever runs), memory-mapped when the file is
   a zip checkpoint, read plainly when it is a legacy pickle.
 * training dicts (``{"generator_ema": sd, "generator": sd, "config": {...}}``) are unwrapped; key prefixes are found
   from an anchor key and stripped.
-* what a file is: its first bytes (a PNG, a saved HTML login page, a Git LFS pointer, ...) and, for checkpoints, its
-  key names. Every loader words its "this is not a ..." error from the same guess (:func:`looks_like`).
+* what a file is: its first bytes (``file_checks.py``: a PNG, a saved HTML login page, a Git LFS pointer, ...) and,
+  for checkpoints, its key names. Every loader words its "this is not a ..." error from the same guess (:func:`looks_like`).
 
 Every failure is a :class:`ModelFileError` naming the file, what it looks like and the fix.
 """
@@ -17,10 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
-import json
 import logging
-import os
 import pickle
 import re
 import zipfile
@@ -33,246 +29,13 @@ import torch
 from torch import nn
 
 from .errors import ModelFileError
+from .file_checks import SAFETENSORS_SUFFIXES, check_not_foreign, format_hint
+from .safetensors_io import read_safetensors, read_safetensors_header
 
 logger = logging.getLogger(__name__)
 
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 # entries of training checkpoints that hold the weights, most wanted first (Self-Forcing/CausVid: generator_ema)
 TRAINING_DICT_KEYS = ("generator_ema", "generator", "state_dict", "model", "module", "ema", "net")
-MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit
-_HEAD_BYTES = 512
-_CORRUPT = "It is truncated or corrupt (an interrupted download?); download it again."
-
-
-# ----------------------------------------------------------------------------------------------------------
-# what a file is, from its first bytes
-
-
-_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
-    (b"\xff\xd8\xff", "a JPEG image"),
-    (b"GIF87a", "a GIF image"),
-    (b"GIF89a", "a GIF image"),
-    (b"\x1a\x45\xdf\xa3", "a WebM/MKV video"),
-    (b"\x1f\x8b", "a gzip archive (.gz / .tar.gz)"),
-    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
-    (b"Rar!", "a RAR archive"),
-    (b"%PDF", "a PDF document"),
-    (b"GGUF", "a GGUF file (the llama.cpp / ComfyUI-GGUF quantized format, which SDVG does not read)"),
-)
-_PICK = "Pick the model file itself (or download it again if this is what the download gave you)."
-_LFS = b"version https://git-lfs"
-
-
-def _head(path: Path, n: int = _HEAD_BYTES) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read(n)
-
-
-def _lfs_message(head: bytes) -> str:
-    m = re.search(rb"^size (\d+)", head, re.MULTILINE)
-    real = f" ({int(m.group(1)) / 1e9:.2f} GB)" if m else ""
-    return (f"this is a Git LFS pointer ({len(head)} bytes of text starting 'version https://git-lfs...'), not the "
-            f"model: the real file{real} was never downloaded (the repository was cloned without Git LFS). Run "
-            "`git lfs install && git lfs pull` in that clone, or download the file directly.")
-
-
-def _is_html(head: bytes) -> bool:
-    start = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
-    return start.startswith((b"<!doctype html", b"<html")) or (start.startswith(b"<") and b"<html" in start)
-
-
-def _is_torch_zip(path: Path) -> bool:
-    """Whether a zip holds a ``torch.save`` checkpoint; unreadable zips count as one (torch then names the damage)."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            return any(name.endswith("data.pkl") for name in zf.namelist())
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return True
-
-
-def _zip_message(path: Path) -> str:
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
-    shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
-    files = f"{len(names)} file{'s' if len(names) != 1 else ''}"
-    return (f"this is a ZIP archive ({files}: {shown or 'none'}), not a PyTorch checkpoint: unpack it and pick the "
-            "model file inside.")
-
-
-def sniff(path: str | Path) -> str | None:
-    """What ``path`` is when its first bytes show it cannot be a checkpoint (with the fix); None when it may be one."""
-    path = Path(path)
-    if path.stat().st_size == 0:
-        return "the file is empty (0 bytes): a failed or interrupted download. Download it again."
-    head = _head(path)
-    if head.startswith(_LFS):
-        return _lfs_message(head)
-    for magic, what in _MAGIC:
-        if head.startswith(magic):
-            return f"this is {what}, not a checkpoint. {_PICK}"
-    if head[4:8] == b"ftyp":
-        return f"this is an MP4/MOV video, not a checkpoint. {_PICK}"
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return f"this is a WebP image, not a checkpoint. {_PICK}"
-    if head.startswith(b"PK\x03\x04") and not _is_torch_zip(path):
-        return _zip_message(path)
-    if _is_html(head):
-        return ("this is an HTML web page, not a checkpoint: the download saved a page (a Hugging Face login, "
-                "'access restricted' or error page) instead of the model. Download the file itself again: from "
-                "Hugging Face use its download link (…/resolve/main/<file>) or `hf download`, logged in and with the "
-                "licence accepted if the repository is gated.")
-    return None
-
-
-def _text_start(head: bytes) -> str | None:
-    for cut in range(4):  # the head may end inside a multi-byte character
-        try:
-            text = head[: len(head) - cut].decode("utf-8")
-            break
-        except UnicodeDecodeError:
-            continue
-    else:
-        return None
-    if not text or any(not (c.isprintable() or c in "\t\r\n") for c in text):
-        return None
-    return " ".join(text.split())[:60]
-
-
-def format_hint(path: Path) -> str:
-    """A sentence for a failed read: the file is text, or the other checkpoint format; '' when nothing is known."""
-    try:
-        head, size = _head(path), path.stat().st_size
-    except OSError:
-        return ""
-    text = _text_start(head)
-    if text is not None:
-        return (f" It looks like a text file, not a checkpoint (it starts with {text!r}): usually an error message "
-                "saved by a failed download. Download the file again.")
-    n = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
-    if not path.name.lower().endswith(SAFETENSORS_SUFFIXES) and 0 < n < size - 8 and head[8:9] == b"{":
-        return " It is a safetensors file: rename it to .safetensors."
-    if path.name.lower().endswith(SAFETENSORS_SUFFIXES) and (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
-        return " It is a PyTorch checkpoint (torch.save), not safetensors: rename it to .pt."
-    return ""
-
-
-def broken_link(path: str | Path) -> str | None:
-    """'<link> is a broken symbolic link ...' (naming its target) when ``path`` or a folder above it is a symbolic
-    link whose target is missing or that loops; None otherwise (including for a plain missing path)."""
-    for p in (Path(path), *Path(path).parents):
-        if not p.is_symlink() or p.exists():
-            continue
-        target = os.readlink(p)
-        try:
-            os.stat(p)
-            loop = False
-        except OSError as exc:
-            loop = exc.errno == errno.ELOOP
-        where = (f"it points to {target}, which leads back to itself (a loop)" if loop else
-                 f"it points to {target}, which is missing (moved, deleted, renamed, or on a drive that is not mounted)")
-        return (f"{p} is a broken symbolic link: {where}. Fix the link (ln -sfn <the real file> {p}) or pass the "
-                "real file's path.")
-    return None
-
-
-def require_path(path: str | Path, not_found: str) -> None:
-    """A :class:`ModelFileError` when ``path`` is missing: :func:`broken_link`'s message, else ``not_found``."""
-    if not Path(path).exists():
-        raise ModelFileError(broken_link(path) or not_found)
-
-
-def check_not_foreign(path: Path) -> None:
-    """Raise when the first bytes show that ``path`` is no checkpoint at all (an image, a web page, an LFS pointer)."""
-    what = sniff(path)
-    if what is not None:
-        raise ModelFileError(f"{path}: {what}")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# safetensors
-
-
-@dataclass(frozen=True)
-class SafetensorsHeader:
-    """The index of a safetensors file, read without touching (or mapping) its tensor data."""
-
-    path: Path
-    shapes: dict[str, tuple[int, ...]]
-    dtypes: dict[str, torch.dtype | None]  # None: a dtype torch has no name for here
-    metadata: dict[str, str]
-    data_start: int  # 8 + header length
-    data_len: int  # bytes the header's offsets cover
-    file_size: int
-
-    @property
-    def truncated(self) -> bool:
-        return self.data_start + self.data_len > self.file_size
-
-    def require_complete(self) -> None:
-        if self.truncated:
-            raise ModelFileError(
-                f"{self.path}: the tensors need {self.data_start + self.data_len} bytes but the file has only "
-                f"{self.file_size}. {_CORRUPT}"
-            )
-
-
-def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
-    """Shapes, dtypes and ``__metadata__`` of a safetensors file from its JSON header (plain reads, no mmap)."""
-    path = Path(path)
-    check_not_foreign(path)
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as fh:
-            if size < 8:
-                raise ValueError(f"only {size} bytes")
-            n = int.from_bytes(fh.read(8), "little")
-            if n > size - 8 or n > MAX_HEADER_BYTES:
-                raise ValueError(f"the header claims {n} bytes but the file has {size}")
-            header = json.loads(fh.read(n))
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")
-        meta = header.pop("__metadata__", None) or {}
-        if not isinstance(meta, dict):
-            raise ValueError("__metadata__ is not a JSON object")
-        shapes = {k: tuple(int(s) for s in v["shape"]) for k, v in header.items()}
-        dtypes = {k: SAFETENSORS_DTYPES.get(v["dtype"]) for k, v in header.items()}
-        data_len = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{path}: not a readable safetensors file ({exc}).{format_hint(path) or ' ' + _CORRUPT}") from exc
-    return SafetensorsHeader(path, shapes, dtypes, {str(k): str(v) for k, v in meta.items()}, 8 + n, data_len, size)
-
-
-def read_safetensors(
-    path: str | Path, keys: Iterable[str] | None = None, *, device: str | torch.device = "cpu",
-    header: SafetensorsHeader | None = None,
-) -> dict[str, torch.Tensor]:
-    """The tensors ``keys`` (all when None) of a safetensors file, read straight onto ``device``."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    header = header or read_safetensors_header(path)
-    header.require_complete()
-    wanted = list(header.shapes) if keys is None else list(keys)
-    try:
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            return {k: f.get_tensor(k) for k in wanted}
-    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-        raise ModelFileError(f"{path}: could not read the tensors ({exc}). {_CORRUPT}") from exc
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -223,6 +223,14 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_inspect(args) -> int:
+    from .model_info import describe_model_file
+
+    for path in args.files:
+        sys.stdout.write(describe_model_file(path) + "\n")
+    return EXIT_OK
+
+
 def cmd_make_tiny(args) -> int:
     from .fixtures.tiny import make_tiny
 
@@ -247,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--save-frames", help="uint8 frames [F, H, W, 3] as safetensors")
     out.add_argument("--timeline", help="timeline PNG")
     gen.set_defaults(func=cmd_generate)
+    inspect = sub.add_parser("inspect", help="say what model files are (kind, size, dtype, layout) without loading them")
+    inspect.add_argument("files", nargs="+")
+    inspect.set_defaults(func=cmd_inspect)
     tiny = sub.add_parser("make-tiny", help="write tiny random-weight models in the real formats")
     tiny.add_argument("dir")
     tiny.set_defaults(func=cmd_make_tiny)

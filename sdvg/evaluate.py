@@ -38,8 +38,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from .checkpoint import broken_link
 from .errors import ConfigError
+from .file_checks import broken_link
 from .outputs import write_atomic
 from .video import write_mp4
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .checkpoint import require_path
 from .devices import resolve_device
 from .errors import ConfigError, ModelFileError
+from .file_checks import require_path
 
 if TYPE_CHECKING:
     from .reward import ImageReward

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import describe_keys, load_checkpoint, looks_like, require_path
+from .checkpoint import describe_keys, load_checkpoint, looks_like
 from .devices import parse_dtype, resolve_device
 from .errors import ConfigError, ModelFileError
+from .file_checks import require_path
 from .reward import MAX_PROMPT_TOKENS, MLP_DIMS, ImageReward, ImageRewardConfig, build_modules
 
 logger = logging.getLogger(__name__)

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .blocks import SPATIAL_MULTIPLE, VAE_SCALE, pixel_frames_for_blocks
 from .errors import ConfigError
+from .memory import physical_memory_bytes
 from .regimes import CacheConfig
 from .scheduler import FlowMatchScheduler, build_step_schedule
 
@@ -82,11 +82,3 @@ class SamplerConfig:
     @property
     def latent_hw(self) -> tuple[int, int]:
         return self.height // VAE_SCALE, self.width // VAE_SCALE
-
-
-def physical_memory_bytes() -> int | None:
-    """This machine's RAM (None where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None

@@ -27,17 +27,10 @@ from typing import Any
 
 import torch
 
-from .checkpoint import (
-    describe_keys,
-    load_checkpoint,
-    looks_like,
-    parameters_on_meta,
-    prefix_before,
-    require_path,
-    strip_prefix,
-)
+from .checkpoint import describe_keys, load_checkpoint, looks_like, parameters_on_meta, prefix_before, strip_prefix
 from .devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
 from .errors import ConfigError, ModelFileError
+from .file_checks import require_path
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
 from .checkpoint import (
     Checkpoint,
-    broken_link,
     common_prefix,
     describe_checkpoint,
     describe_keys,
@@ -31,6 +30,7 @@ from .checkpoint import (
 )
 from .devices import default_compute_dtype, parse_dtype, resolve_device
 from .errors import ConfigError, ModelFileError
+from .file_checks import broken_link
 
 logger = logging.getLogger(__name__)
 

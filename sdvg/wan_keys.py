@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -105,6 +106,18 @@ def original_to_diffusers(state_dict: dict[str, torch.Tensor]) -> dict[str, torc
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     return convert_wan_transformer_to_diffusers(dict(state_dict))
+
+
+def original_to_diffusers_names(keys: Iterable[str]) -> dict[str, str]:
+    """The diffusers name of each original Wan key, without reading a tensor: diffusers' own converter run on the
+    names (for T2V checkpoints it only renames; a key it would split or reshape is refused)."""
+    keys = list(keys)
+    converted = original_to_diffusers({k: k for k in keys})
+    names = {old: new for new, old in converted.items() if isinstance(old, str)}
+    if len(names) != len(keys) or len(converted) != len(keys):
+        raise ModelFileError("This Wan checkpoint needs more than renaming to load (keys diffusers splits or merges); "
+                             "SDVG loads Wan 2.1 T2V DiTs only.")
+    return names
 
 
 def make_config(heads, head_dim, in_ch, out_ch, text_dim, freq_dim, ffn, layers, patch) -> dict[str, Any]:

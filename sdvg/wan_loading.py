@@ -23,6 +23,7 @@ import logging
 import math
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,26 +31,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import (
-    describe_keys,
-    looks_like,
-    parameters_on_meta,
-    prefix_before,
-    read_safetensors,
-    read_safetensors_header,
-    require_path,
-    torch_load,
-    unwrap_state_dict,
-)
+from .checkpoint import describe_keys, looks_like, parameters_on_meta, prefix_before, torch_load, unwrap_state_dict
 from .devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
 from .dit import CausalWanTransformer
 from .errors import ModelFileError
+from .file_checks import require_path
+from .memory import GB, check_fits
+from .safetensors_io import LazyTensors, ReadOnAccess, read_safetensors_header
 from .wan_keys import (
     META_NUM_HEADS,
     config_from_diffusers,
     config_from_shapes,
     diffusers_to_original_key,
-    original_to_diffusers,
+    original_to_diffusers_names,
     size_label,
 )
 
@@ -133,17 +127,13 @@ class _Source:
     tensors: dict[str, torch.Tensor] | None = None  # pickles: the loaded (mmapped) tensors
     diffusers_config: dict[str, Any] | None = None
 
-    def read(self, keys: list[str], device: torch.device) -> dict[str, torch.Tensor]:
+    def tensors_by_name(self, names: dict[str, str], device: torch.device) -> Mapping[str, torch.Tensor]:
+        """``{name: raw key}`` → a mapping whose ``[name]`` reads that tensor (safetensors: from its shard with plain
+        reads, then onto ``device``; pickles: the mmapped tensor). Nothing is read before it is asked for."""
         if self.tensors is not None:
-            return {k: self.tensors[k] for k in keys}
-        by_file: dict[Path, list[str]] = {}
-        for k in keys:
-            by_file.setdefault(self.key_file[k], []).append(k)
-        out: dict[str, torch.Tensor] = {}
-        dev = "cpu" if device.type == "meta" else device
-        for file, ks in by_file.items():
-            out.update(read_safetensors(file, ks, device=dev))
-        return out
+            return {name: self.tensors[raw] for name, raw in names.items()}
+        shards = {f: LazyTensors(read_safetensors_header(f)) for f in dict.fromkeys(self.key_file.values())}
+        return ReadOnAccess(names, lambda raw: shards[self.key_file[raw]][raw], device)
 
 
 def _resolve_diffusers_dir(path: Path) -> Path:
@@ -335,17 +325,18 @@ def inspect_dit_checkpoint(path: str | os.PathLike) -> DiTCheckpointInfo:
 
 def _read_converted(
     src: _Source, info: DiTCheckpointInfo, raw_to_key: dict[str, str], device: torch.device
-) -> dict[str, torch.Tensor]:
+) -> Mapping[str, torch.Tensor]:
     if info.scaled_fp8:
         raise ModelFileError(
             f"{src.path}: a 'scaled fp8' checkpoint (it has scale_weight/scaled_fp8 entries). SDVG cannot load these "
             "DiTs: use a bf16/fp16 file or a plain fp8_e4m3fn file (no '_scaled' in the name) of the same model."
         )
-    raw = src.read(list(raw_to_key), device)
-    sd = {raw_to_key[k]: v for k, v in raw.items()}
     if info.key_layout == "original":
-        sd = original_to_diffusers(sd)
-    return sd
+        renamed = original_to_diffusers_names(raw_to_key.values())
+        names = {renamed[key]: raw for raw, key in raw_to_key.items()}
+    else:
+        names = {key: raw for raw, key in raw_to_key.items()}
+    return src.tensors_by_name(names, device)
 
 
 def read_dit_state_dict(
@@ -355,7 +346,7 @@ def read_dit_state_dict(
     Tensors keep the stored dtype; safetensors are read straight onto ``device``, pickles stay mmapped on CPU."""
     src = _open_source(path)
     info, raw_to_key = _inspect(src)
-    return _read_converted(src, info, raw_to_key, torch.device(device)), info
+    return dict(_read_converted(src, info, raw_to_key, torch.device(device))), info
 
 
 def empty_dit(config: dict[str, Any]) -> CausalWanTransformer:
@@ -452,6 +443,15 @@ def _resolve_dtype(dtype: str | torch.dtype | None, info: DiTCheckpointInfo, dev
     return chosen, False
 
 
+def _check_fits(path, info: DiTCheckpointInfo, dtype: torch.dtype, fp8: bool, device: torch.device) -> None:
+    size = torch.empty((), dtype=dtype).element_size()
+    need = info.num_params * (1 if fp8 else size)
+    options = "" if fp8 else (f"As {FP8_STORAGE} weights it needs about {info.num_params / GB:.1f} GB (--dtype "
+                              f"{FP8_STORAGE}, or the loader's weight_dtype).")
+    check_fits(f"{path} ({info.size_label}, {info.num_params / 1e9:.2f} B parameters as "
+               f"{FP8_STORAGE if fp8 else str(dtype).replace('torch.', '')})", need, device, options=options)
+
+
 def load_dit(
     path: str | os.PathLike, *, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
 ) -> CausalWanTransformer:
@@ -470,8 +470,9 @@ def load_dit(
             "SDVG needs a Wan 2.1 T2V model on the 16-channel Wan 2.1 VAE latent space."
         )
     param_dtype, fp8 = _resolve_dtype(dtype, info, dev)
-    # read straight onto the device only when nothing needs converting; otherwise stay on (mmapped) CPU and
-    # convert tensor by tensor while moving, so the device never holds two copies
+    _check_fits(path, info, param_dtype, fp8, dev)
+    # each tensor is read when the model asks for it (plain reads, never a map of the file) and converted on its way
+    # to the device, so RAM holds one tensor at a time; straight to the device when nothing needs converting
     direct = not fp8 and not info.fp8 and info.dtype == str(param_dtype).replace("torch.", "")
     sd = _read_converted(src, info, raw_to_key, dev if direct else torch.device("cpu"))
     model = build_dit_from_state_dict(sd, info.config, dtype=param_dtype, device=dev, fp8_storage=fp8, name=str(path))

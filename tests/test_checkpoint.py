@@ -17,6 +17,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from sdvg import checkpoint as ck
+from sdvg import file_checks as fc
+from sdvg import safetensors_io as stio
 from sdvg.errors import ModelFileError
 
 GIB = 2**30
@@ -49,7 +51,7 @@ def test_header_of_a_20_gb_file_is_read_without_mapping_it(tmp_path, monkeypatch
     path = tmp_path / "krea-realtime-video-14b.safetensors"
     start = _sparse_safetensors(path, 20 * GIB, {"sdvg.num_heads": "40", "format": "pt"})
     _no_mapping(monkeypatch)
-    header = ck.read_safetensors_header(path)
+    header = stio.read_safetensors_header(path)
     assert header.shapes == {"w": (5, GIB)} and header.dtypes == {"w": torch.float32}
     assert header.metadata == {"sdvg.num_heads": "40", "format": "pt"}
     assert header.data_start == start and header.data_len == 20 * GIB and not header.truncated
@@ -57,10 +59,10 @@ def test_header_of_a_20_gb_file_is_read_without_mapping_it(tmp_path, monkeypatch
 
     with open(path, "r+b") as fh:  # an interrupted download: half of the data is there
         fh.truncate(start + 10 * GIB)
-    header = ck.read_safetensors_header(path)
+    header = stio.read_safetensors_header(path)
     assert header.truncated and header.metadata["sdvg.num_heads"] == "40"
     with pytest.raises(ModelFileError, match="truncated") as err:
-        ck.read_safetensors(path)
+        stio.read_safetensors(path)
     assert path.name in str(err.value) and "download it again" in str(err.value)
 
 
@@ -69,12 +71,12 @@ def test_metadata_and_tensors_match_safetensors_itself(tmp_path):
     tensors = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(4, dtype=torch.bfloat16), "c": torch.zeros(2, 2).to(
         torch.float8_e4m3fn)}
     save_file(tensors, str(path), metadata={"k": "v"})
-    header = ck.read_safetensors_header(path)
+    header = stio.read_safetensors_header(path)
     with safe_open(str(path), "pt") as f:
         assert header.metadata == f.metadata()
     assert header.shapes == {"a": (2, 3), "b": (4,), "c": (2, 2)}
     assert header.dtypes == {"a": torch.float32, "b": torch.bfloat16, "c": torch.float8_e4m3fn}
-    some = ck.read_safetensors(path, ["b"])
+    some = stio.read_safetensors(path, ["b"])
     assert list(some) == ["b"] and torch.equal(some["b"], tensors["b"])
     loaded = ck.load_checkpoint(path)
     assert loaded.format == "safetensors" and loaded.metadata == {"k": "v"} and torch.equal(loaded.tensors["a"], tensors["a"])
@@ -83,10 +85,10 @@ def test_metadata_and_tensors_match_safetensors_itself(tmp_path):
 def test_corrupt_header_and_wrong_format(tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{\"a\":")
     with pytest.raises(ModelFileError, match="truncated or corrupt"):
-        ck.read_safetensors_header(tmp_path / "cut.safetensors")
+        stio.read_safetensors_header(tmp_path / "cut.safetensors")
     torch.save({"w": torch.zeros(2)}, tmp_path / "renamed.safetensors")
     with pytest.raises(ModelFileError, match=r"PyTorch checkpoint \(torch.save\).*rename it to \.pt"):
-        ck.read_safetensors_header(tmp_path / "renamed.safetensors")
+        stio.read_safetensors_header(tmp_path / "renamed.safetensors")
     save_file({"w": torch.zeros(2)}, str(tmp_path / "renamed.pt"))
     with pytest.raises(ModelFileError, match=r"safetensors file: rename it to \.safetensors"):
         ck.torch_load(tmp_path / "renamed.pt")
@@ -125,7 +127,7 @@ def test_non_checkpoints_are_named(tmp_path, content, expected, suffix):
         _zip_with_readme(path)
     else:
         path.write_bytes(content)
-    reader = ck.read_safetensors_header if suffix == ".safetensors" else ck.torch_load
+    reader = stio.read_safetensors_header if suffix == ".safetensors" else ck.torch_load
     with pytest.raises(ModelFileError) as err:
         reader(path)
     msg = str(err.value)
@@ -140,9 +142,9 @@ def test_lfs_pointer_says_the_file_was_never_downloaded(tmp_path):
 
 def test_text_and_torch_zips_are_not_sniffed_as_foreign(tmp_path):
     torch.save({"w": torch.zeros(1)}, tmp_path / "real.pt")
-    assert ck.sniff(tmp_path / "real.pt") is None
+    assert fc.sniff(tmp_path / "real.pt") is None
     (tmp_path / "error.pt").write_text('{"error": "Entry not found"}')
-    assert ck.sniff(tmp_path / "error.pt") is None  # text is only a hint when reading fails
+    assert fc.sniff(tmp_path / "error.pt") is None  # text is only a hint when reading fails
     with pytest.raises(ModelFileError, match=r"looks like a text file.*Entry not found") as err:
         ck.torch_load(tmp_path / "error.pt")
     assert "weights_only" in str(err.value)
@@ -331,12 +333,12 @@ def test_broken_symbolic_links_are_named_with_their_target(tmp_path):
     }
     for path, expected in cases.items():
         with pytest.raises(ModelFileError) as err:
-            ck.require_path(path, "not found")
+            fc.require_path(path, "not found")
         assert expected in str(err.value) and "does not exist" not in str(err.value), str(err.value)
         assert "Fix the link" in str(err.value)
     with pytest.raises(ModelFileError, match="^plain missing$"):
-        ck.require_path(tmp_path / "nothing.pt", "plain missing")
+        fc.require_path(tmp_path / "nothing.pt", "plain missing")
     (tmp_path / "real.pt").write_bytes(b"x")
     (tmp_path / "good.pt").symlink_to(tmp_path / "real.pt")
-    ck.require_path(tmp_path / "good.pt", "not found")
-    assert ck.broken_link(tmp_path / "good.pt") is None
+    fc.require_path(tmp_path / "good.pt", "not found")
+    assert fc.broken_link(tmp_path / "good.pt") is None
