@@ -24,7 +24,3 @@ def blocks_for_frames(num_frames: int) -> int:
     """The fewest blocks that give at least ``num_frames`` pixel frames."""
     per_block = FRAMES_PER_BLOCK * PIXELS_PER_LATENT_FRAME
     return max(1, math.ceil((num_frames + PIXELS_PER_LATENT_FRAME - 1) / per_block))
-
-
-def latent_frames_for_blocks(num_blocks: int) -> int:
-    return FRAMES_PER_BLOCK * num_blocks

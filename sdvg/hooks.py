@@ -40,9 +40,6 @@ class Hooks:
     def __init__(self, observers: Sequence[CallObserver] = ()) -> None:
         self.observers = tuple(observers)
 
-    def with_observer(self, observer: CallObserver) -> Hooks:
-        return Hooks((*self.observers, observer))
-
     @contextmanager
     def call(self, kind: str, signature: tuple = ()) -> Iterator[Call]:
         call = Call(kind, signature)
