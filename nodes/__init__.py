@@ -31,7 +31,10 @@ def node_classes() -> list[type]:
 async def comfy_entrypoint():
     from comfy_api.latest import ComfyExtension
 
+    from .routes import register
+
     classes = node_classes()
+    register()
 
     class SDVGExtension(ComfyExtension):
         async def get_node_list(self) -> list[type]:

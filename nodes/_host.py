@@ -55,6 +55,54 @@ def free_memory_for(num_bytes: int, device: torch.device) -> None:
         logger.debug("free_memory failed", exc_info=True)
 
 
+OFFLOAD_DEVICE_GETTERS = {"dit": "unet_offload_device", "reward": "unet_offload_device", "vae": "vae_offload_device",
+                          "text_encoder": "text_encoder_offload_device"}
+
+
+def offload_device(kind: str, load_device: torch.device) -> torch.device:
+    """Where ComfyUI parks a model of this kind when it evicts it (CPU RAM unless the host is told otherwise)."""
+    mm = model_management()
+    getter = getattr(mm, OFFLOAD_DEVICE_GETTERS.get(kind, "unet_offload_device"), None) if mm is not None else None
+    if load_device.type == "cpu" or getter is None:
+        return torch.device("cpu")
+    return torch.device(getter())
+
+
+def model_patcher(module: torch.nn.Module, load_device: torch.device, offload: torch.device):
+    """ComfyUI's ModelPatcher around ``module`` (None without a host: tests and bare Python manage nothing)."""
+    try:
+        from comfy.model_patcher import ModelPatcher
+    except ImportError:
+        return None
+    return ModelPatcher(module, load_device=load_device, offload_device=offload)
+
+
+def load_models(patchers: list, memory_required: int) -> None:
+    """ComfyUI's ``load_models_gpu`` for models on one device: it evicts other models until ``memory_required``
+    bytes (what the run allocates beyond the weights) fit beside them, then moves ours onto the device (fully:
+    our modules cannot run from partially loaded weights)."""
+    mm = model_management()
+    if mm is None or not patchers or not hasattr(mm, "load_models_gpu"):
+        return
+    mm.load_models_gpu(patchers, memory_required=int(memory_required), force_full_load=True)
+
+
+def is_loaded_by_host(patcher) -> bool:
+    """Whether ComfyUI's memory manager lists this patcher among its loaded models (read only)."""
+    mm = model_management()
+    loaded = getattr(mm, "current_loaded_models", None) if mm is not None and patcher is not None else None
+    return bool(loaded) and any(getattr(entry, "model", None) is patcher for entry in loaded)
+
+
+def process_rss_bytes() -> int | None:
+    """This process's resident memory (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def soft_empty_cache() -> None:
     mm = model_management()
     if mm is not None and hasattr(mm, "soft_empty_cache"):

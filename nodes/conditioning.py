@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from comfy_api.latest import io
 
+from . import _models
 from .handles import SDVGConditioning
 from .types import SDVG_CONDITIONING, SDVG_TEXT_ENCODER
 
@@ -79,5 +80,6 @@ class SDVGTextEncode(io.ComfyNode):
                 "SDVG Text Encode needs a text encoder: connect SDVG Load UMT5 Text Encoder, or a CONDITIONING from "
                 "CLIPTextEncode (with CLIPLoader type 'wan')."
             )
+        _models.use([text_encoder.managed])  # on its device through ComfyUI (which may evict it again later)
         embeds = text_encoder.model.encode(prompt)
         return io.NodeOutput(SDVGConditioning(embeds=embeds.detach(), prompt=prompt, source="sdvg"))

@@ -3,42 +3,25 @@ a node that needs a variant builds a new one with ``dataclasses.replace`` and ne
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from . import _host
 
 OFFLOAD_POLICIES = ("keep_loaded", "offload_to_cpu_when_idle")
 
 
 @dataclass(frozen=True)
 class DiTHandle:
-    """SDVG_DIT: a loaded causal Wan DiT. The sampler input it is wired to (drafter / target) gives its role."""
+    """SDVG_DIT: a loaded causal Wan DiT. The sampler input it is wired to (drafter / target) gives its role.
+    ``managed`` is how ComfyUI's memory manager knows it (``nodes/_models.py``)."""
 
     model: Any
     file: str
     dtype: str
     device: torch.device
     offload: str = "keep_loaded"
-
-    @contextmanager
-    def placed(self) -> Iterator[Any]:
-        """The model on its device for the duration of a run; with ``offload_to_cpu_when_idle`` it goes back to
-        CPU RAM afterwards (also after an error or a cancel) and the host's cached VRAM is released."""
-        if self.offload == "keep_loaded":
-            yield self.model
-            return
-        self.model.to(self.device)
-        try:
-            yield self.model
-        finally:
-            if self.device.type != "cpu":
-                self.model.to("cpu")
-                _host.soft_empty_cache()
+    managed: Any = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +32,7 @@ class AuxHandle:
     file: str
     device: torch.device
     kind: str
+    managed: Any = None
 
 
 @dataclass(frozen=True)

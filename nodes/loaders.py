@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from comfy_api.latest import io
 
 from ..sdvg.devices import AUX_DTYPES, DIT_DTYPES
-from . import _cache, _host
+from . import _host, _models
 from .handles import OFFLOAD_POLICIES, AuxHandle, DiTHandle
 from .types import SDVG_DIT, SDVG_REWARD, SDVG_TEXT_ENCODER, SDVG_VAE
 
@@ -41,24 +39,31 @@ def _aux_dtype(dtype: str, device):
     return parse_dtype(dtype, default=default)
 
 
-def _prepare_load(path: str, device) -> None:
-    _host.free_memory_for(os.path.getsize(path), device)
-
-
 def _load_aux(kind: str, folder: str, model_name: str, device: str, dtype, what: str, loader) -> AuxHandle:
-    """Shared body of the text-encoder, VAE and reward loaders: resolve, free memory, load once, cache."""
+    """Shared body of the text-encoder, VAE and reward loaders: resolve, load once (through ComfyUI's memory manager)."""
     path = _host.full_model_path(folder, model_name)
     dev = _resolve(device, what)
     torch_dtype = _aux_dtype(dtype, dev) if dtype is not None else None
 
     def load():
-        _prepare_load(path, dev)
         if torch_dtype is None:
             return loader(path, device=dev)
         return loader(path, device=dev, dtype=torch_dtype)
 
-    model = _cache.get_or_load(kind, path, str(torch_dtype or "fp32"), str(dev), load)
-    return AuxHandle(model=model, file=model_name, device=dev, kind=kind)
+    managed = _models.load(kind, path, str(torch_dtype or "fp32"), dev, load)
+    return AuxHandle(model=managed.model, file=model_name, device=dev, kind=kind, managed=managed)
+
+
+def model_file_problem(folder: str, model_name: str) -> bool | str:
+    """Queue-time check of a loader's file: True, or the message naming the missing file and the folder. ComfyUI
+    collects these from every node before it runs anything, so all missing files are reported at once."""
+    from ..sdvg.errors import ModelFileError
+
+    try:
+        _host.full_model_path(folder, model_name)
+    except ModelFileError as exc:
+        return str(exc)
+    return True
 
 
 class SDVGModelLoader(io.ComfyNode):
@@ -92,6 +97,10 @@ class SDVGModelLoader(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, model_name: str) -> bool | str:
+        return model_file_problem("diffusion_models", model_name)
+
+    @classmethod
     def execute(cls, model_name: str, weight_dtype: str, device: str, offload: str) -> io.NodeOutput:
         from ..sdvg.errors import ConfigError
         from ..sdvg.wan_loading import load_dit
@@ -100,13 +109,9 @@ class SDVGModelLoader(io.ComfyNode):
             raise ConfigError(f"Unknown offload policy {offload!r}; use one of {', '.join(OFFLOAD_POLICIES)}.")
         path = _host.full_model_path("diffusion_models", model_name)
         dev = _resolve(device, "DiT")
-
-        def load():
-            _prepare_load(path, dev)
-            return load_dit(path, dtype=weight_dtype, device=dev)
-
-        model = _cache.get_or_load("dit", path, weight_dtype, str(dev), load)
-        return io.NodeOutput(DiTHandle(model=model, file=model_name, dtype=weight_dtype, device=dev, offload=offload))
+        managed = _models.load("dit", path, weight_dtype, dev, lambda: load_dit(path, dtype=weight_dtype, device=dev))
+        return io.NodeOutput(DiTHandle(model=managed.model, file=model_name, dtype=weight_dtype, device=dev,
+                                       offload=offload, managed=managed))
 
 
 class SDVGTextEncoderLoader(io.ComfyNode):
@@ -124,6 +129,10 @@ class SDVGTextEncoderLoader(io.ComfyNode):
             ],
             outputs=[SDVG_TEXT_ENCODER.Output(display_name="text_encoder", tooltip="The loaded UMT5 text encoder.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, model_name: str) -> bool | str:
+        return model_file_problem("text_encoders", model_name)
 
     @classmethod
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
@@ -150,6 +159,10 @@ class SDVGVAELoader(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, model_name: str) -> bool | str:
+        return model_file_problem("vae", model_name)
+
+    @classmethod
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
         from ..sdvg.vae import StreamingVAE
 
@@ -174,6 +187,11 @@ class SDVGRewardLoader(io.ComfyNode):
             ],
             outputs=[SDVG_REWARD.Output(display_name="reward", tooltip="The loaded ImageReward scorer.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, model_name: str) -> bool | str:
+        _host.ensure_image_reward_folder()
+        return model_file_problem(_host.IMAGE_REWARD_FOLDER, model_name)
 
     @classmethod
     def execute(cls, model_name: str, device: str) -> io.NodeOutput:

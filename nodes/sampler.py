@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, contextmanager
 
 import torch
 from comfy_api.latest import io
@@ -19,7 +19,7 @@ from ..sdvg.errors import ConfigError
 from ..sdvg.jsonable import to_jsonable
 from ..sdvg.regimes import REGIMES, CacheConfig
 from ..sdvg.scheduler import SCHEDULES as NAMED_SCHEDULES
-from . import _host
+from . import _host, _models
 from .handles import DiTHandle
 from .stream import BlockStream
 from .types import SDVG_CONDITIONING, SDVG_DIT, SDVG_REWARD, SDVG_ROUTER, SDVG_VAE
@@ -60,8 +60,24 @@ def _display_id(hidden, node_id: str) -> str:
     return node_id
 
 
-def _placed(handle: DiTHandle | None):
-    return handle.placed() if handle is not None else nullcontext()
+def _bring_models(config, router, models, handles) -> None:
+    """Ask ComfyUI to put every model of this run on its device, with room for what the run allocates there."""
+    from ..sdvg.run_memory import run_memory
+
+    needs = run_memory(models, cache=config.cache, num_blocks=config.num_blocks, width=config.width,
+                       height=config.height, mode=router.mode)
+    _models.use([getattr(h, "managed", None) for h in handles], needs)
+
+
+@contextmanager
+def _parked_after(handles):
+    """The loader's ``offload_to_cpu_when_idle``: those DiTs leave the device after the run (also after an error)."""
+    try:
+        yield
+    finally:
+        for h in handles:
+            if h is not None and h.offload == "offload_to_cpu_when_idle":
+                _models.park(h.managed)
 
 
 class SDVGSpeculativeSampler(io.ComfyNode):
@@ -148,8 +164,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
             stream = stack.enter_context(BlockStream(node_id, _display_id(cls.hidden, node_id), config.num_blocks,
                                                      keep_on_cancel=keep))
             stream.start(config.width, config.height, router)
-            stack.enter_context(_placed(drafter))
-            stack.enter_context(_placed(target))
+            stack.enter_context(_parked_after((drafter, target)))
+            _bring_models(config, sampler.router_config, models, (drafter, target, vae, reward))
             result = sampler.run(conditioning.prompt, prompt_embeds=conditioning.embeds, on_block=stream.block,
                                  on_step=stream.step, cancel=_host.processing_interrupted)
             if result.partial and keep:

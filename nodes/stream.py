@@ -89,7 +89,8 @@ class _Progress:
         self.value = max(self.value, min(value, self.total))
         if self.bar is None:
             return
-        image = ("JPEG", preview, PREVIEW_MAX_SIDE) if preview is not None else None
+        # the host resizes to fit max_side, upwards too: a 64×64 preview must not be sent as a 512×512 one
+        image = ("JPEG", preview, min(PREVIEW_MAX_SIDE, max(preview.size))) if preview is not None else None
         try:
             self.bar.update_absolute(self.value, self.total, image)
         except Exception as exc:

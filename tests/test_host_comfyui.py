@@ -22,7 +22,8 @@ from tests.host.core_nodes import CORE_NODES
 from tests.host.schema_checks import node_problems, widget_inputs
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.host, pytest.mark.skipif(comfy_server.host_config() is None, reason=comfy_server.SKIP_REASON)]
+pytestmark = [pytest.mark.host, pytest.mark.skipif(not comfy_server.host_configs(), reason=comfy_server.SKIP_REASON)]
+HOSTS = comfy_server.host_configs()
 OUR_NODES = {"SDVGModelLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader", "SDVGTextEncode",
              "SDVGRewardRouter", "SDVGSpeculativeSampler", "SDVGReport"}
 
@@ -54,11 +55,22 @@ def models_dir(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def server(models_dir):
-    srv = comfy_server.ComfyServer(models_dir).start()
+@pytest.fixture(scope="module", params=HOSTS or [None], ids=[label for label, _t, _p in HOSTS] or ["none"])
+def server(request, models_dir):
+    """One real ComfyUI per configured host (each version in turn)."""
+    _label, tree, python = request.param
+    srv = comfy_server.ComfyServer(models_dir, host=(tree, python)).start()
     yield srv
     srv.stop()
+
+
+def _wait_for(server, predicate, timeout: float = 30.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        state = server.get("/sdvg/models")
+        if predicate(state) or time.time() > deadline:
+            return state
+        time.sleep(0.2)
 
 
 def tiny_prompt(**sampler_overrides) -> dict:
@@ -225,6 +237,31 @@ def test_bad_sampler_settings_are_refused_at_queue_time_before_any_node_runs(ser
     details = " ".join(e["details"] for e in body["node_errors"][node]["errors"])
     assert "multiples of 16" in details
     assert server.get("/queue")["queue_running"] == [] and server.alive()
+
+
+def test_unload_models_evicts_ours_free_memory_drops_them_and_the_next_run_reloads_them(server):
+    kinds = {"dit", "vae", "text_encoder", "reward"}
+    assert "execution_success" in server.run(tiny_prompt(seed=101)).types(), server.server_log()[-3000:]
+    loaded = server.get("/sdvg/models")
+    assert {m["kind"] for m in loaded["models"]} == kinds and len(loaded["models"]) == 5
+    assert all(m["comfy_loaded"] and m["bytes"] > 0 for m in loaded["models"]), loaded
+    # Unload Models: ComfyUI evicts ours as its own (they stay in its node cache, off its loaded list)
+    server.post("/free", {"unload_models": True})
+    evicted = _wait_for(server, lambda s: not any(m["comfy_loaded"] for m in s["models"]))
+    assert len(evicted["models"]) == 5 and not any(m["comfy_loaded"] for m in evicted["models"]), evicted
+    # the next run brings them back through ComfyUI, without reading the files again
+    assert "execution_success" in server.run(tiny_prompt(seed=102)).types()
+    back = server.get("/sdvg/models")
+    assert len(back["models"]) == 5, back
+    # the sampler's models are back; the text encoder stays off (its node was cached: nothing was encoded)
+    assert {m["kind"]: m["comfy_loaded"] for m in back["models"]} == {"dit": True, "vae": True, "reward": True,
+                                                                     "text_encoder": False}, back
+    # Free model and node cache: the cached node outputs go, and our models with them
+    server.post("/free", {"unload_models": True, "free_memory": True})
+    freed = _wait_for(server, lambda s: not s["models"])
+    assert freed["models"] == [], freed
+    assert "execution_success" in server.run(tiny_prompt(seed=103)).types()
+    assert len(server.get("/sdvg/models")["models"]) == 5
 
 
 def test_server_log_has_no_pack_import_error(server):

@@ -225,7 +225,7 @@ def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, tiny_nod
     assert all(e["node"] == "7" for e in blocks)
     assert blocks[0]["produced_by"] == "target"
     assert len(tiny_host.previews) == 3
-    assert all(p[0] == "7" and p[3][0] == "JPEG" and p[3][2] == 512 for p in tiny_host.previews)
+    assert all(p[0] == "7" and p[3][0] == "JPEG" and p[3][2] == max(p[3][1].size) < 512 for p in tiny_host.previews)
     values = [v for _n, v, _t in tiny_host.progress]
     assert values == sorted(values) and values[-1] == tiny_host.progress[-1][2]
     data = json.loads(report)
@@ -234,13 +234,41 @@ def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, tiny_nod
     assert router.seed == 0  # the router input is never mutated (the sampler works on a copy)
 
 
-def test_models_are_cached_between_runs(tiny_host, tiny_nodes):
-    nodes = tiny_nodes
-    cache = pack.submodule("nodes._cache")
-    load = nodes["SDVGModelLoader"].execute
+def test_models_are_loaded_once_while_held_and_registered_with_the_host(tiny_host, tiny_nodes):
+    import gc
+
+    models = pack.submodule("nodes._models")
+    load = tiny_nodes["SDVGModelLoader"].execute
     a = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
     b = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
-    assert a.model is b.model and cache.size() >= 1
+    assert a.model is b.model and a.managed is b.managed
+    assert a.managed.patcher.model.parts["model"] is a.model  # ComfyUI manages exactly our module
+    assert tiny_host.loads[-1] == (["dit sdvg_tiny_drafter.pt"], 0, True)  # counted from the start, fully loaded
+    assert models.size() == 1
+    del a, b
+    gc.collect()
+    assert models.size() == 0  # nothing of ours outlives what ComfyUI holds (its output cache)
+
+
+def test_a_run_brings_its_models_with_the_memory_it_will_allocate(tiny_host, tiny_nodes):
+    from sdvg.regimes import CacheConfig
+    from sdvg.run_memory import run_memory
+
+    load = tiny_nodes["SDVGModelLoader"].execute
+    held = [load(model_name=name, weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+            for name in ("sdvg_tiny_drafter.pt", "sdvg_tiny_target.safetensors")]
+    held.append(tiny_nodes["SDVGVAELoader"].execute(model_name="sdvg_tiny_vae.safetensors", device="cpu", dtype="fp32")[0])
+    _run_tiny(tiny_nodes, blocks=2)  # its loaders find the held models
+    names, need, full = tiny_host.loads[-1]
+    assert sorted(names) == ["dit sdvg_tiny_drafter.pt", "dit sdvg_tiny_target.safetensors",
+                             "reward sdvg_tiny_image_reward.pt", "vae sdvg_tiny_vae.safetensors"]
+    assert full is True
+    from sdvg.pipeline import SDVGModels
+
+    models = SDVGModels(drafter=held[0].model, target=held[1].model, vae=held[2].model)
+    expected = run_memory(models, cache=CacheConfig("recompute"), num_blocks=2, width=64, height=64, mode="reward")
+    assert need == expected[torch.device("cpu")] > 0
+    assert ["text_encoder sdvg_tiny_umt5.safetensors"] in [n for n, _m, _f in tiny_host.loads]  # before encoding
 
 
 def test_cancel_stops_within_a_step_and_raises_host_interrupt(tiny_host, tiny_nodes):
@@ -453,25 +481,25 @@ def test_router_settings_are_refused_at_queue_time(nodes):
     assert "quantile" in check(**(good | {"quantile": 1.5}))
 
 
-def test_offload_policy_places_the_dit_for_the_run_and_parks_it_even_after_an_error(host):
+def test_offload_policy_parks_the_dit_after_the_run_even_after_an_error(host):
+    import contextlib
+
+    models, sampler = pack.submodule("nodes._models"), pack.submodule("nodes.sampler")
     handles = pack.submodule("nodes.handles")
 
-    class Model:
+    class Patcher:
         def __init__(self):
-            self.moves = []
+            self.detached = 0
 
-        def to(self, device):
-            self.moves.append(str(device))
-            return self
+        def detach(self, unpatch_all=True):
+            self.detached += 1
 
-    model = Model()
-    handle = handles.DiTHandle(model=model, file="x", dtype="bf16", device=torch.device("cuda", 0),
-                               offload="offload_to_cpu_when_idle")
-    with pytest.raises(RuntimeError), handle.placed():
-        assert model.moves == ["cuda:0"]
+    def handle(offload):
+        managed = models.Managed("dit", "x", object(), torch.device("cuda", 0), Patcher())
+        return handles.DiTHandle(model=managed.model, file="x", dtype="bf16", device=managed.device,
+                                 offload=offload, managed=managed)
+
+    parked, kept = handle("offload_to_cpu_when_idle"), handle("keep_loaded")
+    with contextlib.suppress(RuntimeError), sampler._parked_after((parked, kept, None)):
         raise RuntimeError("the run failed")
-    assert model.moves == ["cuda:0", "cpu"]
-    kept = handles.DiTHandle(model=Model(), file="x", dtype="bf16", device=torch.device("cuda", 0))
-    with kept.placed():
-        pass
-    assert kept.model.moves == []  # keep_loaded: never moved
+    assert parked.managed.patcher.detached == 1 and kept.managed.patcher.detached == 0

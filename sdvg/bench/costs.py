@@ -147,11 +147,7 @@ def pattern_counts(accept: Sequence[bool], *, steps: Sequence[int], policy: Cach
 
 def kv_bytes_for(model, regime: str, num_frames: int, latent_hw: tuple[int, int], window: int, sinks: int) -> int:
     """Self-attention KV-cache bytes the sampler allocates for ``model`` (the policy's layout)."""
-    from ..kv_cache import kv_cache_nbytes
+    from ..run_memory import kv_cache_bytes
 
-    layout = CacheConfig(regime=regime, window_frames=window, sink_frames=sinks).policy().layout(num_frames)
-    return kv_cache_nbytes(
-        num_layers=len(model.blocks), capacity_frames=layout.capacity_frames,
-        tokens_per_frame=model.tokens_per_frame(*latent_hw), heads=model.num_heads, head_dim=model.head_dim,
-        dtype=model.compute_dtype,
-    )
+    return kv_cache_bytes(model, CacheConfig(regime=regime, window_frames=window, sink_frames=sinks), num_frames,
+                          latent_hw)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -27,16 +28,42 @@ PACK_FOLDER = "sdvg"
 MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "image_reward")
 
 
-def host_config() -> tuple[Path, str] | None:
+def host_configs() -> list[tuple[str, Path, str]]:
+    """Every configured ComfyUI host as (label, tree, python), each tested in turn:
+
+    ``SDVG_COMFYUI_HOSTS="TREE=PYTHON;TREE=PYTHON"`` (e.g. v0.3.64 and v0.27.0) and/or the single pair
+    ``SDVG_COMFYUI_DIR`` + ``SDVG_COMFYUI_PYTHON``. The label is the tree's ComfyUI version."""
+    pairs = [item.split("=", 1) for item in os.environ.get("SDVG_COMFYUI_HOSTS", "").split(";") if "=" in item]
     comfy_dir, python = os.environ.get("SDVG_COMFYUI_DIR"), os.environ.get("SDVG_COMFYUI_PYTHON")
-    if not comfy_dir or not python:
-        return None
-    return Path(comfy_dir), python
+    if comfy_dir and python:
+        pairs.append([comfy_dir, python])
+    seen, hosts = set(), []
+    for tree, py in pairs:
+        tree_path = Path(tree.strip()).resolve()
+        if tree_path not in seen:
+            seen.add(tree_path)
+            hosts.append((comfy_version(tree_path), tree_path, py.strip()))
+    return hosts
+
+
+def host_config() -> tuple[Path, str] | None:
+    """The first configured host (the browser tests use one)."""
+    hosts = host_configs()
+    return (hosts[0][1], hosts[0][2]) if hosts else None
+
+
+def comfy_version(tree: Path) -> str:
+    try:
+        text = (tree / "comfyui_version.py").read_text(encoding="utf-8")
+    except OSError:
+        return tree.name
+    found = re.search(r"__version__\s*=\s*[\"']([^\"']+)", text)
+    return f"comfyui-{found.group(1)}" if found else tree.name
 
 
 SKIP_REASON = (
-    "real ComfyUI host not configured: set SDVG_COMFYUI_DIR (ComfyUI tree) and SDVG_COMFYUI_PYTHON (its python), "
-    "e.g. built by shared/tools/comfyui-host.sh"
+    "real ComfyUI host not configured: set SDVG_COMFYUI_HOSTS=\"TREE=PYTHON;TREE=PYTHON\" or SDVG_COMFYUI_DIR (ComfyUI "
+    "tree) and SDVG_COMFYUI_PYTHON (its python), e.g. built by shared/tools/comfyui-host.sh"
 )
 
 
@@ -137,8 +164,8 @@ class RunLog:
 
 
 class ComfyServer:
-    def __init__(self, models_dir: Path, *, extra_args: tuple[str, ...] = ()):
-        cfg = host_config()
+    def __init__(self, models_dir: Path, *, extra_args: tuple[str, ...] = (), host: tuple[Path, str] | None = None):
+        cfg = host or host_config()
         if cfg is None:
             raise RuntimeError(SKIP_REASON)
         self.comfy_dir, self.python = cfg

@@ -22,6 +22,7 @@ STUB_MODULES = (
     "comfy",
     "comfy.utils",
     "comfy.model_management",
+    "comfy.model_patcher",
     "folder_paths",
     "server",
 )
@@ -241,6 +242,7 @@ class StubHost:
     interrupted: bool = False
     interrupt_after_steps: int | None = None
     client_id: str = "stub-client"
+    loads: list = field(default_factory=list)  # load_models_gpu calls: (patcher names, memory_required, full)
 
     def events_of(self, name: str) -> list[dict]:
         return [data for event, data, _sid in self.events if event == name]
@@ -267,6 +269,16 @@ def _build_modules(host: StubHost) -> dict[str, types.ModuleType]:
     mm.soft_empty_cache = lambda force=False: None
     mm.free_memory = lambda memory_required, device, keep_loaded=(): None
     mm.unload_all_models = lambda: (_ for _ in ()).throw(AssertionError("the pack must not unload all models"))
+    mm.unet_offload_device = mm.vae_offload_device = mm.text_encoder_offload_device = lambda: torch.device("cpu")
+
+    def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimum_memory_required=None,
+                        force_full_load=False):
+        for p in models:  # what the real one does once room is made: the whole model onto its load device
+            p.model.to(p.load_device)
+            p.model.device = p.load_device
+        host.loads.append(([p.model.sdvg_name for p in models], memory_required, force_full_load))
+
+    mm.load_models_gpu = load_models_gpu
 
     def processing_interrupted():
         return host.interrupted
@@ -282,6 +294,25 @@ def _build_modules(host: StubHost) -> dict[str, types.ModuleType]:
     mm.processing_interrupted = processing_interrupted
     mm.throw_exception_if_processing_interrupted = throw_exception_if_processing_interrupted
     mm.interrupt_current_processing = interrupt_current_processing
+
+    patcher_mod = types.ModuleType("comfy.model_patcher")
+
+    class ModelPatcher:  # the part of the real contract the pack relies on
+        def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
+            self.model, self.load_device, self.offload_device = model, load_device, offload_device
+            if getattr(model, "device", None) is None:
+                model.device = offload_device
+
+        def current_loaded_device(self):
+            return self.model.device
+
+        def detach(self, unpatch_all=True):
+            self.model.to(self.offload_device)
+            self.model.device = self.offload_device
+            return self.model
+
+    patcher_mod.ModelPatcher = ModelPatcher
+    mods["comfy.model_patcher"] = patcher_mod
 
     utils = types.ModuleType("comfy.utils")
 
@@ -308,7 +339,7 @@ def _build_modules(host: StubHost) -> dict[str, types.ModuleType]:
     utils.ProgressBar = ProgressBar
     comfy = types.ModuleType("comfy")
     comfy.__path__ = []
-    comfy.utils, comfy.model_management = utils, mm
+    comfy.utils, comfy.model_management, comfy.model_patcher = utils, mm, patcher_mod
     mods["comfy"], mods["comfy.utils"], mods["comfy.model_management"] = comfy, utils, mm
 
     fp = types.ModuleType("folder_paths")
