@@ -130,6 +130,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 io.String.Output(display_name="report", tooltip="JSON report: per-block decision, scores, τ, timings; totals (acceptance, speed-up estimate). Feed SDVG Report."),
             ],
             hidden=[io.Hidden.unique_id, io.Hidden.dynprompt],
+            # an output node: ComfyUI re-sends its ui output (the timeline) when a run is fully cached
+            is_output_node=True,
         )
 
     @classmethod
@@ -175,7 +177,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 _host.raise_if_interrupted()  # ComfyUI's InterruptProcessingException: the host marks it interrupted
             report = result.report()
             stream.done(report)
-        return io.NodeOutput(*node_outputs(result, vae.model), json.dumps(to_jsonable(report), indent=1))
+        return io.NodeOutput(*node_outputs(result, vae.model), json.dumps(to_jsonable(report), indent=1),
+                             ui=stream.ui())
 
 
 def node_outputs(result, vae) -> tuple[torch.Tensor, dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 
 from ..sdvg.jsonable import json_float, to_jsonable
 from ..sdvg.report import block_kind
@@ -109,6 +110,8 @@ class BlockStream:
         self.encoder = PreviewEncoder(max_side=PREVIEW_MAX_SIDE)
         self.started = time.perf_counter()
         self._sent: set[int] = set()
+        self.run_id = uuid.uuid4().hex[:12]
+        self._summary: dict = {"run": self.run_id, "num_blocks": num_blocks, "blocks": []}
 
     def __enter__(self) -> BlockStream:
         return self
@@ -117,8 +120,9 @@ class BlockStream:
         self.encoder.close(timeout=1.0)  # a cancel or an error: stop the preview thread, bounded
 
     def start(self, width: int, height: int, router) -> None:
+        self._summary.update(tau=json_float(router.tau), mode=router.mode)
         _host.send_event(EVENT_START, {**self.ids, "num_blocks": self.num_blocks, "width": width, "height": height,
-                                       "tau": json_float(router.tau), "mode": router.mode})
+                                       "tau": json_float(router.tau), "mode": router.mode, "run": self.run_id})
 
     def step(self, event) -> None:
         self._flush(self.encoder.ready())
@@ -130,14 +134,21 @@ class BlockStream:
         payload = block_payload(self.ids["node"], self.ids["display_node"], event.record, self.num_blocks,
                                 int(event.frames.shape[0]))
         _host.send_event(EVENT_BLOCK, payload)
+        self._summary["blocks"].append(payload)
         self._flush(self.encoder.ready())
 
     def done(self, report: dict) -> None:
         """Send the previews still pending, then ``sdvg.done``; notes the dropped previews in the report."""
         self._flush(self.encoder.close())
         report.setdefault("node", {})["preview_dropped"] = self.encoder.dropped
-        _host.send_event(EVENT_DONE, {**self.ids, "totals": to_jsonable(report.get("totals")),
-                                      "wall_s": round(time.perf_counter() - self.started, 3)})
+        done = {"totals": to_jsonable(report.get("totals")), "wall_s": round(time.perf_counter() - self.started, 3)}
+        self._summary.update(done)
+        _host.send_event(EVENT_DONE, {**self.ids, **done})
+
+    def ui(self) -> dict:
+        """The node's ``ui`` output: the whole timeline of this run. ComfyUI sends it again when the node is cached
+        and keeps it in the history, so the web timeline can be rebuilt after a reload or a fully cached run."""
+        return {"sdvg_timeline": [self._summary]}
 
     def _flush(self, items) -> None:
         for block, image in items:

@@ -147,6 +147,31 @@ def test_timeline_fills_one_cell_per_block(server, page):
     assert not [e for e in page.errors if "sdvg" in e.lower()], page.errors
 
 
+_FIX_SEED = """(seed) => { const n = app.graph._nodes.find(n => n.type === 'SDVGSpeculativeSampler');
+    const w = n.widgets.find(w => w.name === 'seed'); w.value = seed;
+    const c = n.widgets.find(w => w.name === 'control_after_generate'); if (c) c.value = 'fixed'; }"""
+
+
+def test_timeline_comes_back_when_the_run_is_fully_cached(server, page):
+    """A reopened workflow whose run is cached gets no sdvg.* events: the widget rebuilds from the node's ui output."""
+    _load_tiny(page)
+    page.evaluate(_FIX_SEED, 4242)
+    page.evaluate("() => app.queuePrompt(0, 1)")
+    page.wait_for_function("() => /·/.test(document.querySelector('.sdvg-tl-stats').textContent)", timeout=180000)
+    first = page.evaluate("() => [...document.querySelectorAll('.sdvg-tl-cell')].map(c => c.dataset.kind)")
+    _load_tiny(page)  # a fresh node: an empty timeline
+    assert page.evaluate("() => document.querySelectorAll('.sdvg-tl-cell[data-kind]').length") == 0
+    page.evaluate(_FIX_SEED, 4242)
+    page.evaluate("() => { window.__sdvgBlocks = 0; comfyAPI.api.api.addEventListener('sdvg.block', () => "
+                  "window.__sdvgBlocks++); }")
+    page.evaluate("() => app.queuePrompt(0, 1)")
+    page.wait_for_function("(n) => document.querySelectorAll('.sdvg-tl-cell[data-kind]').length >= n",
+                           arg=len(first), timeout=60000)
+    again = page.evaluate("() => [...document.querySelectorAll('.sdvg-tl-cell')].map(c => c.dataset.kind)")
+    assert again == first and page.evaluate("() => window.__sdvgBlocks") == 0  # rebuilt from the cache alone
+    assert "·" in page.evaluate("() => document.querySelector('.sdvg-tl-stats').textContent")
+
+
 def test_removing_the_node_releases_its_listeners(server, page):
     _load_tiny(page)
     before = page.evaluate("() => document.querySelectorAll('.sdvg-tl').length")
@@ -180,7 +205,7 @@ def test_subgraph_execution_ids_are_resolved(server, page):
            }"""
     )
     assert result == {"ids": ["5:12", "8:3:12"], "hit": True, "miss": False, "kinds": ["accept", "reject", "forced"]}
-    assert page.evaluate("() => window.__sdvgTimeline.version") == 2  # still one registration of the extension
+    assert page.evaluate("() => window.__sdvgTimeline.version") == 3  # still one registration of the extension
 
 
 def _focus_on_sampler(page) -> None:

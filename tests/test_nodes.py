@@ -231,6 +231,9 @@ def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, tiny_nod
     data = json.loads(report)
     assert [b["block"] for b in data["blocks"]] == [0, 1, 2]
     assert len(tiny_host.events_of("sdvg.start")) == 1 and len(tiny_host.events_of("sdvg.done")) == 1
+    timeline = out.ui["sdvg_timeline"][0]  # the ui output the web timeline rebuilds from (cache, history)
+    assert timeline["blocks"] == blocks and timeline["num_blocks"] == 3
+    assert timeline["run"] == tiny_host.events_of("sdvg.start")[0]["run"] and "totals" in timeline
     assert router.seed == 0  # the router input is never mutated (the sampler works on a copy)
 
 

@@ -209,6 +209,7 @@ class Timeline {
 
   onStart(d) {
     if (!matchesNode(this.node, d)) return;
+    this.runId = d.run || null;
     this.blocks = [];
     this.clearThumbs();
     this.pendingPreviewBlock = null;
@@ -249,8 +250,30 @@ class Timeline {
     if (this.hovered === block) this.showDetail(block);
   }
 
-  onDone(d) {
-    if (!matchesNode(this.node, d)) return;
+  // The node's ui output (sent on execution, again when the node is cached, and kept in the history): the whole
+  // timeline of one run, so the widget comes back after a reload or a fully cached run.
+  restore(summary) {
+    if (!summary || !Array.isArray(summary.blocks)) return;
+    if (summary.run !== this.runId) {
+      this.clearThumbs(); // another run's frames must not show on these cells
+      this.runId = summary.run || null;
+    }
+    const rowsBefore = this.rows();
+    this.numBlocks = Number(summary.num_blocks) || 0;
+    this.tau = typeof summary.tau === "number" ? summary.tau : null;
+    this.mode = summary.mode || null;
+    this.blocks = [];
+    for (const b of summary.blocks) {
+      if (b && Number.isInteger(b.block) && b.block >= 0 && b.block <= 4096) this.blocks[b.block] = b;
+    }
+    if (this.rows() > rowsBefore) this.growNode();
+    this.title.textContent = `SDVG ${this.done().length}/${this.numBlocks}`;
+    this.onDone({ node: this.node.id, totals: summary.totals, wall_s: summary.wall_s }, true);
+    this.render();
+  }
+
+  onDone(d, trusted = false) {
+    if (!trusted && !matchesNode(this.node, d)) return;
     const t = d.totals || {};
     const parts = [this.acceptanceText()];
     if (typeof t.speedup_est === "number") parts.push(`≈${t.speedup_est.toFixed(2)}× vs target`);
@@ -412,12 +435,15 @@ app.registerExtension({
       widget.serialize = false; // never part of widgets_values
       timeline.widget = widget;
     });
+    chain(nodeType.prototype, "onExecuted", function (output) {
+      this.sdvgTimeline?.restore(output?.sdvg_timeline?.[0]);
+    });
     chain(nodeType.prototype, "onRemoved", function () {
       this.sdvgTimeline?.dispose();
       this.sdvgTimeline = null;
     });
   },
   async setup() {
-    window.__sdvgTimeline = { loaded: true, version: 2, kinds: Object.keys(KINDS) };
+    window.__sdvgTimeline = { loaded: true, version: 3, kinds: Object.keys(KINDS) };
   },
 });
