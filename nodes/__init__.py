@@ -11,6 +11,7 @@ from __future__ import annotations
 def node_classes() -> list[type]:
     """The V3 node classes of this pack (imports ``comfy_api``; call only inside ComfyUI or with a stub)."""
     from .conditioning import SDVGTextEncode
+    from .core_model import SDVGDiTFromModel
     from .loaders import SDVGModelLoader, SDVGRewardLoader, SDVGTextEncoderLoader, SDVGVAELoader
     from .report import SDVGReport
     from .router import SDVGRewardRouter
@@ -21,6 +22,7 @@ def node_classes() -> list[type]:
         SDVGTextEncoderLoader,
         SDVGVAELoader,
         SDVGRewardLoader,
+        SDVGDiTFromModel,
         SDVGTextEncode,
         SDVGRewardRouter,
         SDVGSpeculativeSampler,

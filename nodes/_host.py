@@ -142,6 +142,51 @@ def clear_interrupt() -> None:
         mm.interrupt_current_processing(False)
 
 
+# --------------------------------------------------------------------------------------------- core MODEL
+CORE_PREFIX = "diffusion_model."
+
+
+def core_wan_weights(model) -> tuple[dict[str, tuple[int, ...]], object, int, torch.dtype, object]:
+    """What SDVG needs from a core ``MODEL`` holding a Wan 2.1 T2V DiT: (original key → shape, ``read(key)`` that
+    returns one weight with the MODEL's weight patches — LoRAs, merges — applied by ComfyUI's own
+    ``comfy.lora.calculate_weight``, head count, stored dtype, identity for caching). Anything else is a ConfigError
+    naming what it is."""
+    from ..sdvg.errors import ConfigError
+
+    base = getattr(model, "model", None)
+    dm = getattr(base, "diffusion_model", None)
+    kind = type(dm).__name__ if dm is not None else type(model).__name__
+    if kind != "WanModel" or getattr(dm, "model_type", "t2v") != "t2v" or getattr(dm, "img_emb", None) is not None:
+        raise ConfigError(
+            f"SDVG DiT from MODEL needs a Wan 2.1 text-to-video DiT (core WanModel, t2v); this MODEL holds {kind}"
+            f"{' (' + str(getattr(dm, 'model_type', '')) + ')' if dm is not None else ''}. Load a Wan 2.1 T2V "
+            "checkpoint with Load Diffusion Model, or use SDVG Load Video DiT."
+        )
+    weights = {k[len(CORE_PREFIX):]: v for k, v in model.model_state_dict(CORE_PREFIX).items()}
+    scaled = [k for k in weights if k.endswith(("scale_weight", "scale_input")) or "scaled_fp8" in k]
+    if scaled:
+        raise ConfigError(f"This MODEL is a 'scaled fp8' Wan DiT ({scaled[0]}); SDVG cannot take those weights. Load "
+                          "a bf16/fp16 or plain fp8_e4m3fn file of the same model.")
+    patches = dict(getattr(model, "patches", {}) or {})
+    if getattr(model, "hook_patches", None):
+        logger.warning("SDVG DiT from MODEL: the MODEL's hook patches (scheduled LoRAs) are not applied")
+
+    def read(key: str) -> torch.Tensor:
+        weight, full = weights[key], CORE_PREFIX + key
+        if full not in patches:
+            return weight
+        from comfy.lora import calculate_weight
+
+        # in fp32, as ComfyUI computes it; SDVG's loader then rounds once, to the weight dtype chosen here
+        return calculate_weight(patches[full], weight.to(torch.float32, copy=True), full)
+
+    dtypes = [v.dtype for v in weights.values() if v.is_floating_point()]
+    stored = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
+    identity = (id(base), str(getattr(model, "patches_uuid", "")))
+    shapes = {k: tuple(v.shape) for k, v in weights.items()}
+    return shapes, read, int(getattr(dm, "num_heads", 0)) or None, stored, identity
+
+
 # --------------------------------------------------------------------------------------------- folders
 def folder_paths():
     try:

@@ -1,7 +1,7 @@
 """Our models as ComfyUI models: each loaded engine model is wrapped in the host's ``ModelPatcher``, so ComfyUI's
 memory manager counts it, moves it and evicts it as it does its own.
 
-* **Loading** (``load``): ComfyUI is asked for room, the engine streams the file straight onto the chosen device, and
+* **Loading** (``load``, ``load_file``): ComfyUI is asked for room, the engine streams the file straight onto the chosen device, and
   the model is registered with ``load_models_gpu`` at once, so it is counted from the start.
 * **Use** (``use``): before each run the node calls ``load_models_gpu`` for the models on each device, with what the
   run allocates beyond the weights there (KV caches, the VAE decoder cache; ``sdvg.run_memory``). ComfyUI evicts
@@ -82,19 +82,24 @@ def file_key(path: str) -> tuple:
     return (os.path.realpath(path), st.st_size, st.st_mtime_ns)
 
 
-def load(kind: str, path: str, dtype: str, device: torch.device, loader: Callable[[], Any]) -> Managed:
-    """The model for (kind, file, dtype, device): the one already loaded while anything holds it, else ``loader()``
-    (after ComfyUI made room for the file on ``device``), registered with ComfyUI's memory manager."""
-    key = (kind, *file_key(path), dtype, str(device))
+def load_file(kind: str, path: str, dtype: str, device: torch.device, loader: Callable[[], Any]) -> Managed:
+    """The model in ``path`` for (kind, file, size, mtime, dtype, device); see :func:`load`."""
+    return load(kind, (*file_key(path), dtype, str(device)), os.path.basename(path), os.path.getsize(path), device,
+                loader)
+
+
+def load(kind: str, key: tuple, name: str, nbytes: int, device: torch.device, loader: Callable[[], Any]) -> Managed:
+    """The model for ``(kind, *key)``: the one already loaded while anything holds it, else ``loader()`` (after
+    ComfyUI made room for about ``nbytes`` on ``device``), registered with ComfyUI's memory manager."""
+    key = (kind, *key)
     with _lock:
         found = _registry.get(key)
     if found is not None:
         return found
-    _host.free_memory_for(os.path.getsize(path), device)
+    _host.free_memory_for(nbytes, device)
     model = loader()
-    module = ManagedModule({"model": _module_of(kind, model)}, device, f"{kind} {os.path.basename(path)}")
-    managed = Managed(kind, os.path.basename(path), model, device,
-                      _host.model_patcher(module, device, _host.offload_device(kind, device)))
+    module = ManagedModule({"model": _module_of(kind, model)}, device, f"{kind} {name}")
+    managed = Managed(kind, name, model, device, _host.model_patcher(module, device, _host.offload_device(kind, device)))
     use([managed])
     with _lock:
         _registry[key] = managed

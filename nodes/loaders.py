@@ -50,7 +50,7 @@ def _load_aux(kind: str, folder: str, model_name: str, device: str, dtype, what:
             return loader(path, device=dev)
         return loader(path, device=dev, dtype=torch_dtype)
 
-    managed = _models.load(kind, path, str(torch_dtype or "fp32"), dev, load)
+    managed = _models.load_file(kind, path, str(torch_dtype or "fp32"), dev, load)
     return AuxHandle(model=managed.model, file=model_name, device=dev, kind=kind, managed=managed)
 
 
@@ -109,7 +109,7 @@ class SDVGModelLoader(io.ComfyNode):
             raise ConfigError(f"Unknown offload policy {offload!r}; use one of {', '.join(OFFLOAD_POLICIES)}.")
         path = _host.full_model_path("diffusion_models", model_name)
         dev = _resolve(device, "DiT")
-        managed = _models.load("dit", path, weight_dtype, dev, lambda: load_dit(path, dtype=weight_dtype, device=dev))
+        managed = _models.load_file("dit", path, weight_dtype, dev, lambda: load_dit(path, dtype=weight_dtype, device=dev))
         return io.NodeOutput(DiTHandle(model=managed.model, file=model_name, dtype=weight_dtype, device=dev,
                                        offload=offload, managed=managed))
 

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.host import comfy_server
 from tests.host.core_nodes import CORE_NODES
@@ -52,6 +53,14 @@ def models_dir(tmp_path_factory):
     broken["head.head.bias"] = broken["head.head.bias"] * float("nan")
     save_file({"model." + k: v for k, v in broken.items()}, str(root / "diffusion_models" / "sdvg_nan_target.safetensors"),
               metadata={META_NUM_HEADS: str(TINY_TARGET_CONFIG["num_attention_heads"])})
+    # a DiT core's Load Diffusion Model detects (unprefixed original keys, head dim 128, freq dim 256, text dim 4096)
+    # and a text encoder as wide as its text embedding
+    from sdvg.fixtures.tiny import write_tiny_text_encoder
+    from sdvg.wan_keys import make_config
+
+    core_cfg = make_config(4, 128, 16, 16, 4096, 256, 256, 2, (1, 2, 2))
+    save_file(random_original_state_dict(core_cfg, seed=77), str(root / "diffusion_models" / "sdvg_core_wan.safetensors"))
+    write_tiny_text_encoder(root, d_model=4096, filename="sdvg_tiny_umt5_4096.safetensors")
     return root
 
 
@@ -262,6 +271,42 @@ def test_unload_models_evicts_ours_free_memory_drops_them_and_the_next_run_reloa
     assert freed["models"] == [], freed
     assert "execution_success" in server.run(tiny_prompt(seed=103)).types()
     assert len(server.get("/sdvg/models")["models"]) == 5
+
+
+def _core_wan_prompt(target: dict, prefix: str) -> dict:
+    """Target-only tiny run whose target comes from ``target`` (extra nodes, the last one's output 0), saving the latents."""
+    prompt = {k: v for k, v in tiny_prompt(seed=5, blocks=2).items() if v["class_type"].startswith("SDVG")
+              and v["class_type"] != "SDVGReport"}
+    node = sampler_id(prompt)
+    te = next(k for k, n in prompt.items() if n["class_type"] == "SDVGTextEncoderLoader")
+    prompt[te]["inputs"]["model_name"] = "sdvg_tiny_umt5_4096.safetensors"
+    router = next(k for k, n in prompt.items() if n["class_type"] == "SDVGRewardRouter")
+    prompt[router]["inputs"]["mode"] = "target-only"
+    prompt[node]["inputs"].pop("drafter")
+    prompt.update(target)
+    prompt[node]["inputs"]["target"] = [sorted(target, key=int)[-1], 0]
+    prompt["40"] = {"class_type": "SaveLatent", "inputs": {"samples": [node, 1], "filename_prefix": f"latents/{prefix}"}}
+    return prompt
+
+
+def test_a_core_model_from_load_diffusion_model_runs_as_our_target_bit_for_bit(server):
+    from safetensors.torch import load_file
+
+    ours = {"30": {"class_type": "SDVGModelLoader", "inputs": {"model_name": "sdvg_core_wan.safetensors",
+                                                               "weight_dtype": "fp32", "device": "cpu",
+                                                               "offload": "keep_loaded"}}}
+    core = {"30": {"class_type": "UNETLoader", "inputs": {"unet_name": "sdvg_core_wan.safetensors",
+                                                          "weight_dtype": "default"}},
+            "31": {"class_type": "SDVGDiTFromModel", "inputs": {"model": ["30", 0], "weight_dtype": "fp32",
+                                                                "device": "cpu", "offload": "keep_loaded"}}}
+    latents = {}
+    for name, target in (("file", ours), ("core", core)):
+        log = server.run(_core_wan_prompt(target, f"sdvg_core_{name}"))
+        assert "execution_success" in log.types(), (log.of("execution_error"), server.server_log()[-3000:])
+        (path,) = (Path(server.tmp) / "out" / "latents").glob(f"sdvg_core_{name}_*.latent")
+        latents[name] = load_file(str(path))["latent_tensor"]
+    assert latents["file"].shape[2] == 6 and latents["file"].abs().sum() > 0
+    assert torch.equal(latents["file"], latents["core"])
 
 
 def test_server_log_has_no_pack_import_error(server):

@@ -45,7 +45,7 @@ def test_entrypoint_lists_every_node(host):
     classes = asyncio.run(ext.get_node_list())
     ids = [c.define_schema().node_id for c in classes]
     assert ids == [
-        "SDVGModelLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader",
+        "SDVGModelLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader", "SDVGDiTFromModel",
         "SDVGTextEncode", "SDVGRewardRouter", "SDVGSpeculativeSampler", "SDVGReport",
     ]
     assert not hasattr(mod, "NODE_CLASS_MAPPINGS")
@@ -506,3 +506,71 @@ def test_offload_policy_parks_the_dit_after_the_run_even_after_an_error(host):
     with contextlib.suppress(RuntimeError), sampler._parked_after((parked, kept, None)):
         raise RuntimeError("the run failed")
     assert parked.managed.patcher.detached == 1 and kept.managed.patcher.detached == 0
+
+
+def _fake_core_model(original: dict, heads: int, patches: dict | None = None):
+    """The part of a core MODEL (ModelPatcher → BaseModel → WanModel) the pack reads."""
+    import types as pytypes
+
+    class WanModel(torch.nn.Module):
+        model_type, img_emb = "t2v", None
+
+        def __init__(self):
+            super().__init__()
+            self.num_heads = heads
+
+    class CoreModel:
+        model = pytypes.SimpleNamespace(diffusion_model=WanModel())
+        patches_uuid = "uuid-1"
+
+        def __init__(self):
+            self.patches = patches or {}
+
+        def model_state_dict(self, filter_prefix=None):
+            return {filter_prefix + k: v for k, v in original.items()}
+
+    return CoreModel()
+
+
+def _tiny_target_original(tiny_root) -> dict:
+    from safetensors.torch import load_file
+
+    sd = load_file(str(tiny_root / "diffusion_models" / "sdvg_tiny_target.safetensors"))
+    return {k.removeprefix("model."): v for k, v in sd.items()}
+
+
+def test_dit_from_a_core_model_equals_the_file_loader_and_applies_weight_patches(tiny_host, tiny_nodes, tiny_root,
+                                                                                 monkeypatch):
+    import sys
+    import types as pytypes
+
+    original = _tiny_target_original(tiny_root)
+    from_file = tiny_nodes["SDVGModelLoader"].execute(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32",
+                                                       device="cpu", offload="keep_loaded")[0].model
+    convert = tiny_nodes["SDVGDiTFromModel"].execute
+    plain = convert(model=_fake_core_model(original, heads=8), weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+    ref = dict(from_file.named_parameters())
+    assert all(torch.equal(p, ref[n]) for n, p in plain.model.named_parameters())
+    # a weight patch goes through comfy.lora.calculate_weight (ComfyUI's own LoRA maths; a stand-in here)
+    lora = pytypes.ModuleType("comfy.lora")
+    lora.calculate_weight = lambda patches, weight, key: weight + sum(p[0] * p[1] for p in patches)
+    monkeypatch.setitem(sys.modules, "comfy.lora", lora)
+    key = "blocks.0.self_attn.q.weight"
+    delta = torch.full(original[key].shape, 0.25)
+    patched = convert(model=_fake_core_model(original, heads=8, patches={"diffusion_model." + key: [(0.5, delta)]}),
+                      weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+    name = "blocks.0.attn1.to_q.weight"
+    assert torch.equal(dict(patched.model.named_parameters())[name], ref[name] + 0.125)
+    assert torch.equal(dict(patched.model.named_parameters())["blocks.0.attn1.to_k.weight"], ref["blocks.0.attn1.to_k.weight"])
+
+
+def test_dit_from_a_core_model_refuses_what_it_cannot_take(tiny_host, tiny_nodes, tiny_root):
+    ConfigError = pack.submodule("sdvg.errors").ConfigError
+    convert = tiny_nodes["SDVGDiTFromModel"].execute
+    i2v = _fake_core_model(_tiny_target_original(tiny_root), heads=8)
+    i2v.model.diffusion_model.model_type = "i2v"
+    with pytest.raises(ConfigError, match="text-to-video"):
+        convert(model=i2v, weight_dtype="fp32", device="cpu", offload="keep_loaded")
+    scaled = _fake_core_model({**_tiny_target_original(tiny_root), "scaled_fp8": torch.zeros(1)}, heads=8)
+    with pytest.raises(ConfigError, match="scaled fp8"):
+        convert(model=scaled, weight_dtype="fp32", device="cpu", offload="keep_loaded")
