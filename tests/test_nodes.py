@@ -574,3 +574,12 @@ def test_dit_from_a_core_model_refuses_what_it_cannot_take(tiny_host, tiny_nodes
     scaled = _fake_core_model({**_tiny_target_original(tiny_root), "scaled_fp8": torch.zeros(1)}, heads=8)
     with pytest.raises(ConfigError, match="scaled fp8"):
         convert(model=scaled, weight_dtype="fp32", device="cpu", offload="keep_loaded")
+
+
+def test_the_readme_names_the_nodes_as_comfyui_shows_them(nodes):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    missing = [cls.define_schema().display_name for cls in nodes.values()
+               if f"**{cls.define_schema().display_name}**" not in readme]
+    assert not missing, missing
