@@ -223,7 +223,8 @@ def read_lora(spec: LoraSpec, param_shapes: Mapping[str, Sequence[int]], *, what
         groups[module][part] = tensor
     if unknown:
         raise ModelFileError(
-            f"{path}: {len(unknown)} of {len(tensors)} LoRA keys match nothing in {what} (e.g. {_first(unknown, 4)}). "
+            f"{path}: {len(unknown)} of {len(tensors)} LoRA keys match nothing in {what} (e.g. {_first(unknown, 4)}); "
+            f"the LoRA looks made for a DiT of {_made_for(_scan(tensors))}. "
             "SDVG merges Wan 2.1 T2V LoRAs in the kohya (lora_unet_…), diffusers (transformer.…) or original "
             "(diffusion_model.…) layouts; a LoRA for an I2V model, another model family, or a DiT with fewer layers "
             "does not fit."
@@ -363,17 +364,13 @@ def prepare_loras(loras: Sequence[LoraSpec | LoraFile], param_shapes: Mapping[st
 # inspect
 
 
-def describe_lora(path: str | os.PathLike) -> str | None:
-    """What a LoRA file is (layout, ranks, the width it was made for), from its keys and factor shapes; None when
-    it is not a LoRA for a Wan DiT."""
-    ck = load_checkpoint(path)
+def _scan(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """What a LoRA's keys and factor shapes say, without matching them to a model."""
     prefixes: Counter = Counter()
     modules: set[str] = set()
     ranks: Counter = Counter()
-    width = None
-    blocks: set[int] = set()
-    diffs = 0
-    for key, tensor in ck.tensors.items():
+    width, blocks, diffs = None, set(), 0
+    for key, tensor in tensors.items():
         split = _split_key(key)
         if split is None:
             continue
@@ -384,18 +381,31 @@ def describe_lora(path: str | os.PathLike) -> str | None:
             blocks.add(int(m.group(1)))
         if part == "down":
             ranks[int(tensor.shape[0])] += 1
-            if width is None and re.search(r"(self_attn|attn1)[._](to_)?[qk]$", module):
-                width = int(tensor.flatten(1).shape[1])
-        elif part in ("diff", "diff_b"):
-            diffs += 1
-    if not modules or not blocks:
+        diffs += part in ("diff", "diff_b")
+        if width is None and part in ("down", "diff") and re.search(r"(self_attn|attn1)[._](to_)?[qk]$", module):
+            width = int(tensor.flatten(1).shape[1])
+    return {"prefixes": prefixes, "modules": modules, "ranks": ranks, "width": width,
+            "blocks": max(blocks) + 1 if blocks else 0, "diffs": diffs}
+
+
+def _made_for(scan: dict[str, Any]) -> str:
+    width = scan["width"]
+    text = f"width {width} ({KNOWN_WIDTHS.get(width, 'custom')})" if width else "unknown width"
+    return text + (f", {scan['blocks']} blocks" if scan["blocks"] else "")
+
+
+def describe_lora(path: str | os.PathLike) -> str | None:
+    """What a LoRA file is (layout, ranks, the width it was made for), from its keys and factor shapes; None when
+    it is not a LoRA for a Wan DiT."""
+    ck = load_checkpoint(path)
+    scan = _scan(ck.tensors)
+    if not scan["modules"] or not scan["blocks"]:
         return None
-    fmt = _format_of(prefixes, modules)
-    rank_text = ", ".join(f"{r} ({n}×)" for r, n in sorted(ranks.items())) or "none (full diffs only)"
-    made_for = f"width {width} ({KNOWN_WIDTHS.get(width, 'custom')})" if width else "unknown width"
-    return (f"{path}: a Wan DiT LoRA in the {FORMATS[fmt]} layout for a DiT of {made_for}, {max(blocks) + 1} blocks\n"
-            f"  {len(ck.tensors)} tensors on {len(modules)} modules; rank {rank_text}; {diffs} full diffs; merged at "
-            "load time (--target-lora / --drafter-lora FILE:STRENGTH)")
+    fmt = _format_of(scan["prefixes"], scan["modules"])
+    rank_text = ", ".join(f"{r} ({n}×)" for r, n in sorted(scan["ranks"].items())) or "none (full diffs only)"
+    return (f"{path}: a Wan DiT LoRA in the {FORMATS[fmt]} layout for a DiT of {_made_for(scan)}\n"
+            f"  {len(ck.tensors)} tensors on {len(scan['modules'])} modules; rank {rank_text}; {scan['diffs']} full "
+            "diffs; merged at load time (--target-lora / --drafter-lora FILE:STRENGTH)")
 
 
 def lora_param_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -162,3 +164,52 @@ def test_inspect_recognises_a_lora(lora_files, fmt, layout):
     text = describe_model_file(lora_files[fmt])
     assert f"LoRA in the {layout}" in text and "width 64" in text and "2 blocks" in text and "rank 4 (22×)" in text
     assert describe_lora(lora_files["diff"]).count("3 full diffs") == 1
+
+
+def test_cli_merges_loras_and_offloads_and_refuses_a_wrong_lora_before_loading(tiny_dir, tmp_path, lora_files,
+                                                                               capsys, monkeypatch):
+    from sdvg import pipeline, text_encoder
+    from sdvg.cli import main
+
+    base = ["generate", "--prompt", "a cat", "--models", str(tiny_dir), "--device", "cpu", "--blocks", "2",
+            "--tau=-inf", "--out", str(tmp_path / "v.mp4"), "--report", str(tmp_path / "r.json")]
+    wide = fl.write_lora(tmp_path / "wide.safetensors", fl.lora_factors(tiny.TINY_TARGET_CONFIG, rank=2), "kohya")
+    loaded = []
+    monkeypatch.setattr(text_encoder.TextEncoder, "load", lambda *a, **k: loaded.append(a) or 1 / 0)
+    assert main([*base, "--drafter-lora", f"{wide}:0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "made for a DiT of width 512 (custom), 4 blocks" in err and "the drafter" in err and not loaded  # refused before any load
+    assert main([*base, "--target-offload-blocks", "two"]) == 2
+    assert "resident blocks" in capsys.readouterr().err
+    monkeypatch.undo()
+    seen = {}
+    real = pipeline.load_models
+
+    def spy(*a, **k):
+        models = real(*a, **k)
+        seen.update(models=models, kw=k)
+        return models
+
+    monkeypatch.setattr(pipeline, "load_models", spy)
+    code = main([*base, "--drafter-lora", f"{lora_files['kohya']}:0.8", "--drafter-lora", str(lora_files["diff"]),
+                 "--target-offload-blocks", "1"])
+    assert code == 0, capsys.readouterr().err
+    models = seen["models"]
+    assert models.target.block_offloader.resident == 1 and models.drafter.block_offloader is None
+    assert [(Path(lo.path).name, lo.strength) for lo in seen["kw"]["loras"]["drafter"]] == [("kohya.safetensors", 0.8),
+                                                                                     ("diff.safetensors", 1.0)]
+    factors = fl.lora_factors(CFG, rank=4, alpha=2.0, seed=3)
+    ref = hand_merged(tiny_dir / "diffusion_models" / "sdvg_tiny_drafter.pt", [(factors, 0.8)],
+                      [(fl.diff_deltas(CFG, seed=5), 1.0)])
+    assert_weights_equal(models.drafter, ref)
+
+
+def test_every_missing_model_file_is_named_at_once(tmp_path, capsys):
+    from sdvg.cli import main
+
+    missing = {r: tmp_path / f"{r}.safetensors" for r in ("target", "drafter", "vae")}
+    code = main(["generate", "--prompt", "x", "--out", str(tmp_path / "v.mp4"), "--target", str(missing["target"]),
+                 "--drafter", str(missing["drafter"]), "--vae", str(missing["vae"]), "--tau=-inf"])
+    err = capsys.readouterr().err
+    assert code == 2 and "model files are missing or unusable" in err
+    assert all(str(p) in err for p in missing.values()) and "text encoder file given" in err
