@@ -43,6 +43,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reward", help="ImageReward.pt (vocab.txt beside it)")
     g.add_argument("--device", default="auto", help="device for both DiTs: auto, cpu, cuda:N (default auto)")
     g.add_argument("--aux-device", default=None, help="device for text encoder, VAE and reward (default: --device)")
+    g.add_argument("--text-encoder-device", default=None, help="device for the text encoder alone (default: "
+                   "--aux-device); cpu keeps UMT5-XXL off a small GPU (bf16 there when the DiTs are on CUDA)")
     g.add_argument("--dtype", default="auto", choices=DIT_DTYPES, help="DiT weight dtype")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads (default: torch's choice)")
     for role in ("target", "drafter"):
@@ -180,4 +182,4 @@ def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
 
     return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
                        aux_device=args.aux_device or args.device, dtype=args.dtype, loras=source.loras,
-                       offload=source.offload)
+                       offload=source.offload, text_device=getattr(args, "text_encoder_device", None))

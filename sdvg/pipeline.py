@@ -98,13 +98,15 @@ def load_models(
     dtype: str = "auto",
     loras: dict[str, Sequence[LoraSpec]] | None = None,
     offload: dict[str, int | str | None] | None = None,
+    text_device: str | None = None,
 ) -> SDVGModels:
     """Load the models named in ``need``: explicit files win, the rest is looked up in ``models_dir``.
 
     Every missing file is reported at once, and every LoRA is checked against its DiT's header before anything
     loads. ``loras``/``offload``: per DiT role ("target", "drafter"), the LoRAs merged at load and the block offload
-    setting (see ``wan_loading.load_dit``). The text encoder loads first and each DiT is checked against it (and the
-    drafter against the target) right after it loads, so a mismatched file is named before the rest is loaded."""
+    setting (see ``wan_loading.load_dit``); ``text_device``: the text encoder's own device (default ``aux_device``).
+    The text encoder loads first and each DiT is checked against it (and the drafter against the target) right after
+    it loads, so a mismatched file is named before the rest is loaded."""
     from .reward_loading import load_image_reward
     from .text_encoder import TextEncoder
     from .vae import StreamingVAE
@@ -116,8 +118,11 @@ def load_models(
     dit_dev = resolve_device(dit_device, what="DiTs")
     aux_dev = resolve_device(aux_device, what="text encoder, VAE and reward model")
     aux_dtype = torch.float32 if aux_dev.type == "cpu" else torch.bfloat16
+    text_dev = aux_dev if text_device is None else resolve_device(text_device, what="text encoder")
+    # on the CPU beside CUDA DiTs the encoder runs once per prompt in bf16 (half the RAM of fp32; the DiTs read bf16)
+    text_dtype = torch.bfloat16 if text_dev.type != "cpu" or dit_dev.type == "cuda" else torch.float32
     logger.info("loading models: %s", {k: str(v) for k, v in paths.items()})
-    encoder = (TextEncoder.load(paths["text_encoder"], device=aux_dev, dtype=aux_dtype)
+    encoder = (TextEncoder.load(paths["text_encoder"], device=text_dev, dtype=text_dtype)
                if "text_encoder" in paths else None)
     dits: dict[str, torch.nn.Module] = {}
     for role in ("target", "drafter"):

@@ -386,6 +386,16 @@ def _check_keys(model: nn.Module, state_dict: dict[str, torch.Tensor], config: d
     )
 
 
+def to_fp8_storage(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Give a (meta) model the parameter dtypes of fp8 storage: the layers diffusers' layerwise casting handles as
+    float8_e4m3fn (computed in ``dtype``), the rest in ``dtype`` / fp32 as :func:`target_dtypes` says."""
+    for pname, want in target_dtypes(model, dtype).items():  # meta: free
+        mod_name, _, attr = pname.rpartition(".")
+        mod = model.get_submodule(mod_name)
+        setattr(mod, attr, nn.Parameter(getattr(mod, attr).to(want), requires_grad=False))
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+
+
 def build_dit_from_state_dict(
     state_dict: dict[str, torch.Tensor],
     config: dict[str, Any],
@@ -405,11 +415,7 @@ def build_dit_from_state_dict(
     _check_keys(model, state_dict, config, name)
     if fp8_storage:
         dtype = dtype or torch.bfloat16
-        for pname, want in target_dtypes(model, dtype).items():  # meta: free
-            mod_name, _, attr = pname.rpartition(".")
-            mod = model.get_submodule(mod_name)
-            setattr(mod, attr, nn.Parameter(getattr(mod, attr).to(want), requires_grad=False))
-        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+        to_fp8_storage(model, dtype)
         targets = {k: p.dtype for k, p in model.named_parameters()}
     else:
         targets = target_dtypes(model, dtype) if dtype is not None else {}
