@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .blocks import blocks_for_frames
@@ -43,8 +43,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reward", help="ImageReward.pt (vocab.txt beside it)")
     g.add_argument("--device", default="auto", help="device for both DiTs: auto, cpu, cuda:N (default auto)")
     g.add_argument("--aux-device", default=None, help="device for text encoder, VAE and reward (default: --device)")
+    g.add_argument("--text-encoder-device", default=None, help="device for the text encoder alone (default: "
+                   "--aux-device); cpu keeps UMT5-XXL off a small GPU (bf16 there when the DiTs are on CUDA)")
     g.add_argument("--dtype", default="auto", choices=DIT_DTYPES, help="DiT weight dtype")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads (default: torch's choice)")
+    for role in ("target", "drafter"):
+        g.add_argument(f"--{role}-lora", action="append", default=[], metavar="FILE[:STRENGTH]",
+                       help=f"a Wan LoRA merged into the {role} DiT as it loads (strength default 1.0; repeatable, "
+                            "strengths add)")
+        g.add_argument(f"--{role}-offload-blocks", default=None, metavar="K|auto",
+                       help=f"keep K {role} transformer blocks on the GPU and stream the rest from pinned CPU memory "
+                            "(auto: as many as fit, leaving 14 GiB for caches and the other models)")
 
 
 def add_cache_args(g) -> None:
@@ -136,6 +145,8 @@ class ModelSource:
     models_dir: Path | None
     files: dict[str, str | None]
     tiny: bool
+    loras: dict[str, list] = field(default_factory=dict)  # DiT role → LoraSpec list (--target-lora, --drafter-lora)
+    offload: dict[str, int | str | None] = field(default_factory=dict)  # DiT role → resident blocks / "auto"
 
 
 def model_source(args, *, log=None) -> ModelSource:
@@ -151,11 +162,24 @@ def model_source(args, *, log=None) -> ModelSource:
             log(f"Using the tiny preset in {models_dir} ({'created now' if created else 'cached'}). "
                 "Its random weights make noise videos; pass --models or model files for real ones.")
     tiny = models_dir is not None and is_tiny_tree(models_dir)
-    return ModelSource(models_dir, files, tiny)
+    return ModelSource(models_dir, files, tiny, *dit_options(args))
+
+
+def dit_options(args) -> tuple[dict[str, list], dict[str, int | str | None]]:
+    """The LoRAs and block-offload settings of both DiTs from the command line, checked (files exist, strengths and
+    block counts are numbers) before anything loads."""
+    from .lora import parse_lora_arg
+    from .offload import parse_offload
+
+    roles = ("target", "drafter")
+    loras = {r: [parse_lora_arg(x) for x in getattr(args, f"{r}_lora", None) or ()] for r in roles}
+    offload = {r: parse_offload(getattr(args, f"{r}_offload_blocks", None)) for r in roles}
+    return {r: v for r, v in loras.items() if v}, offload
 
 
 def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
     from .pipeline import load_models
 
     return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
-                       aux_device=args.aux_device or args.device, dtype=args.dtype)
+                       aux_device=args.aux_device or args.device, dtype=args.dtype, loras=source.loras,
+                       offload=source.offload, text_device=getattr(args, "text_encoder_device", None))

@@ -69,6 +69,20 @@ class CausalWanTransformer(WanTransformer3DModel):
         return dt if dt.itemsize > 1 else self.compute_dtype
 
     @property
+    def block_offloader(self):
+        """The :class:`~sdvg.offload.BlockOffloader` that streams this model's blocks, or None (all resident)."""
+        return self.__dict__.get("_sdvg_block_offloader")
+
+    def set_block_offloader(self, offloader) -> None:
+        """Run the blocks through ``offloader`` (None: plain iteration over resident blocks)."""
+        self.__dict__["_sdvg_block_offloader"] = offloader
+
+    def iter_blocks(self):
+        """``(i, block)`` in order, each block's weights on the execution device while the caller uses it."""
+        offloader = self.block_offloader
+        return enumerate(self.blocks) if offloader is None else iter(offloader)
+
+    @property
     def head_dim(self) -> int:
         return int(self.config.attention_head_dim)
 
@@ -150,7 +164,7 @@ class CausalWanTransformer(WanTransformer3DModel):
         ctx = prompt_embeds.to(self.execution_device, self._in_dtype(te.linear_1))
         ctx = te(ctx).to(self.compute_dtype)
         ks, vs = [], []
-        for blk in self.blocks:
+        for _, blk in self.iter_blocks():
             attn = blk.attn2
             if attn.add_k_proj is not None:
                 raise ConfigError("Image-conditioned (I2V) Wan checkpoints are not supported; use a T2V DiT.")
@@ -223,7 +237,7 @@ class CausalWanTransformer(WanTransformer3DModel):
         h = self.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
         temb, e = self._time(t)
         rope = self._rope(f, gh, gw, frame_offset, h.device)
-        for i in range(len(self.blocks)):
+        for i, _ in self.iter_blocks():
             h = self._layer(i, h, e, rope, cross, attend, f)
         # output head with per-frame shift/scale
         n, dim = h.shape[1], h.shape[2]

@@ -42,11 +42,22 @@ def describe_model_file(path: str | Path) -> str:
     ])
 
 
+def _is_lora(path: Path) -> bool:
+    keys = (read_safetensors_header(path).shapes if path.name.lower().endswith(SAFETENSORS_SUFFIXES)
+            else load_checkpoint(path).tensors)
+    return "LoRA" in looks_like(keys)
+
+
 def _size(nbytes: float) -> str:
     return f"{nbytes / GB:.1f} GB" if nbytes >= 0.1 * GB else f"{nbytes / 1e6:.1f} MB"
 
 
 def _describe_other(path: Path) -> str:
+    from .lora import describe_lora
+
+    lora = describe_lora(path) if _is_lora(path) else None
+    if lora is not None:
+        return lora
     if path.name.lower().endswith(SAFETENSORS_SUFFIXES):
         header = read_safetensors_header(path)
         shapes, dtypes, entry = header.shapes, header.dtypes, None

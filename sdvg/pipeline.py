@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from .errors import ConfigError, ModelFileError
 from .file_checks import require_path
 
 if TYPE_CHECKING:
+    from .lora import LoraSpec
     from .reward import ImageReward
     from .router import RouterConfig
     from .text_encoder import TextEncoder
@@ -94,28 +96,39 @@ def load_models(
     dit_device: str = "auto",
     aux_device: str = "auto",
     dtype: str = "auto",
+    loras: dict[str, Sequence[LoraSpec]] | None = None,
+    offload: dict[str, int | str | None] | None = None,
+    text_device: str | None = None,
 ) -> SDVGModels:
     """Load the models named in ``need``: explicit files win, the rest is looked up in ``models_dir``.
 
-    The text encoder loads first and each DiT is checked against it (and the drafter against the target) right
-    after it loads, so a mismatched file is named before the rest is loaded."""
+    Every missing file is reported at once, and every LoRA is checked against its DiT's header before anything
+    loads. ``loras``/``offload``: per DiT role ("target", "drafter"), the LoRAs merged at load and the block offload
+    setting (see ``wan_loading.load_dit``); ``text_device``: the text encoder's own device (default ``aux_device``).
+    The text encoder loads first and each DiT is checked against it (and the drafter against the target) right after
+    it loads, so a mismatched file is named before the rest is loaded."""
     from .reward_loading import load_image_reward
     from .text_encoder import TextEncoder
     from .vae import StreamingVAE
     from .wan_loading import load_dit
 
     explicit = {"drafter": drafter, "target": target, "vae": vae, "text_encoder": text_encoder, "reward": reward}
-    paths = {role: _model_path(role, explicit[role], models_dir) for role in need}
+    paths = _model_paths(need, explicit, models_dir)
+    prepared = _check_loras(loras or {}, paths)
     dit_dev = resolve_device(dit_device, what="DiTs")
     aux_dev = resolve_device(aux_device, what="text encoder, VAE and reward model")
     aux_dtype = torch.float32 if aux_dev.type == "cpu" else torch.bfloat16
+    text_dev = aux_dev if text_device is None else resolve_device(text_device, what="text encoder")
+    # on the CPU beside CUDA DiTs the encoder runs once per prompt in bf16 (half the RAM of fp32; the DiTs read bf16)
+    text_dtype = torch.bfloat16 if text_dev.type != "cpu" or dit_dev.type == "cuda" else torch.float32
     logger.info("loading models: %s", {k: str(v) for k, v in paths.items()})
-    encoder = (TextEncoder.load(paths["text_encoder"], device=aux_dev, dtype=aux_dtype)
+    encoder = (TextEncoder.load(paths["text_encoder"], device=text_dev, dtype=text_dtype)
                if "text_encoder" in paths else None)
     dits: dict[str, torch.nn.Module] = {}
     for role in ("target", "drafter"):
         if role in paths:
-            dits[role] = load_dit(paths[role], dtype=dtype, device=dit_dev)
+            dits[role] = load_dit(paths[role], dtype=dtype, device=dit_dev, loras=prepared.get(role, ()),
+                                  offload_blocks=(offload or {}).get(role))
             check_text_width(encoder, paths.get("text_encoder"), dits[role], role, paths[role])
     check_dit_pair(dits, paths)
     return SDVGModels(
@@ -125,6 +138,40 @@ def load_models(
         text_encoder=encoder,
         reward=load_image_reward(paths["reward"], device=aux_dev) if "reward" in paths else None,
     )
+
+
+def _model_paths(need: Sequence[str], explicit: dict, models_dir) -> dict[str, Path]:
+    """The file of every role in ``need``; all the missing or misplaced ones named in one error."""
+    paths, problems = {}, []
+    for role in need:
+        try:
+            paths[role] = _model_path(role, explicit[role], models_dir)
+        except (ModelFileError, ConfigError) as exc:
+            problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        kind = ModelFileError if all(isinstance(e, ModelFileError) for e in problems) else ConfigError
+        raise kind(f"{len(problems)} model files are missing or unusable:\n" + "\n".join(f"  - {e}" for e in problems))
+    return paths
+
+
+def _check_loras(loras: dict[str, Sequence[LoraSpec]], paths: dict[str, Path]) -> dict[str, list]:
+    """Every LoRA read and matched to its DiT's header (no DiT weight is read) → the prepared files per role."""
+    from .lora import lora_param_shapes, prepare_loras
+    from .wan_loading import inspect_dit_checkpoint
+
+    prepared = {}
+    for role, specs in loras.items():
+        if not specs:
+            continue
+        if role not in paths or role not in ("target", "drafter"):
+            raise ConfigError(f"LoRAs were given for the {role}, which this run does not load; LoRAs go on the target "
+                              "or the drafter DiT.")
+        info = inspect_dit_checkpoint(paths[role])
+        what = f"the {role} {paths[role]} ({info.size_label})"
+        prepared[role] = prepare_loras(specs, lora_param_shapes(info.config), what=what).loras
+    return prepared
 
 
 def _model_path(role: str, explicit: str | Path | None, models_dir: str | Path | None) -> Path:

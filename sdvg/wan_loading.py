@@ -23,7 +23,7 @@ import logging
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,8 @@ from .devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_de
 from .dit import CausalWanTransformer
 from .errors import ModelFileError
 from .file_checks import require_path
-from .memory import GB, check_fits
+from .lora import LoraFile, LoraSpec, MergedTensors, lora_param_shapes, prepare_loras
+from .offload import DEFAULT_RESERVE_BYTES, check_dit_fits, offload_model
 from .safetensors_io import LazyTensors, ReadOnAccess, read_safetensors_header
 from .wan_keys import (
     META_NUM_HEADS,
@@ -385,6 +386,16 @@ def _check_keys(model: nn.Module, state_dict: dict[str, torch.Tensor], config: d
     )
 
 
+def to_fp8_storage(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Give a (meta) model the parameter dtypes of fp8 storage: the layers diffusers' layerwise casting handles as
+    float8_e4m3fn (computed in ``dtype``), the rest in ``dtype`` / fp32 as :func:`target_dtypes` says."""
+    for pname, want in target_dtypes(model, dtype).items():  # meta: free
+        mod_name, _, attr = pname.rpartition(".")
+        mod = model.get_submodule(mod_name)
+        setattr(mod, attr, nn.Parameter(getattr(mod, attr).to(want), requires_grad=False))
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+
+
 def build_dit_from_state_dict(
     state_dict: dict[str, torch.Tensor],
     config: dict[str, Any],
@@ -404,11 +415,7 @@ def build_dit_from_state_dict(
     _check_keys(model, state_dict, config, name)
     if fp8_storage:
         dtype = dtype or torch.bfloat16
-        for pname, want in target_dtypes(model, dtype).items():  # meta: free
-            mod_name, _, attr = pname.rpartition(".")
-            mod = model.get_submodule(mod_name)
-            setattr(mod, attr, nn.Parameter(getattr(mod, attr).to(want), requires_grad=False))
-        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+        to_fp8_storage(model, dtype)
         targets = {k: p.dtype for k, p in model.named_parameters()}
     else:
         targets = target_dtypes(model, dtype) if dtype is not None else {}
@@ -443,23 +450,20 @@ def _resolve_dtype(dtype: str | torch.dtype | None, info: DiTCheckpointInfo, dev
     return chosen, False
 
 
-def _check_fits(path, info: DiTCheckpointInfo, dtype: torch.dtype, fp8: bool, device: torch.device) -> None:
-    size = torch.empty((), dtype=dtype).element_size()
-    need = info.num_params * (1 if fp8 else size)
-    options = "" if fp8 else (f"As {FP8_STORAGE} weights it needs about {info.num_params / GB:.1f} GB (--dtype "
-                              f"{FP8_STORAGE}, or the loader's weight_dtype).")
-    check_fits(f"{path} ({info.size_label}, {info.num_params / 1e9:.2f} B parameters as "
-               f"{FP8_STORAGE if fp8 else str(dtype).replace('torch.', '')})", need, device, options=options)
-
-
 def load_dit(
-    path: str | os.PathLike, *, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
+    path: str | os.PathLike, *, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu",
+    loras: Sequence[LoraSpec | LoraFile] = (), offload_blocks: int | str | None = None,
+    offload_reserve_bytes: int = DEFAULT_RESERVE_BYTES,
 ) -> CausalWanTransformer:
     """Load a Wan 2.1 T2V DiT from any accepted format into ``CausalWanTransformer`` (eval mode, no grad).
 
     dtype: ``auto`` (bf16/fp16 files keep their dtype on CUDA, fp8 files get fp8 storage; fp32 on CPU), ``bf16``,
     ``fp16``, ``fp32``, or ``fp8_e4m3fn`` = fp8 weight storage with bf16 compute (diffusers layerwise casting).
     Modules listed in the model class's ``_keep_in_fp32_modules`` stay fp32 in bf16/fp16, as in diffusers.
+    loras: ``LoraSpec(path, strength)`` items merged into the weights as they are read (fp32, before any dtype or fp8
+    conversion; several add up); checked against the DiT before any weight is read.
+    offload_blocks: None (every block on ``device``), K (K blocks resident, the rest streamed from pinned CPU memory,
+    see ``offload.py``) or ``"auto"`` (as many as fit in the free memory less ``offload_reserve_bytes``).
     """
     dev = resolve_device(device, what="DiT")
     src = _open_source(path)
@@ -470,12 +474,23 @@ def load_dit(
             "SDVG needs a Wan 2.1 T2V model on the 16-channel Wan 2.1 VAE latent space."
         )
     param_dtype, fp8 = _resolve_dtype(dtype, info, dev)
-    _check_fits(path, info, param_dtype, fp8, dev)
-    # each tensor is read when the model asks for it (plain reads, never a map of the file) and converted on its way
-    # to the device, so RAM holds one tensor at a time; straight to the device when nothing needs converting
+    merge = prepare_loras(loras, lora_param_shapes(info.config), what=f"{path} ({info.size_label})") if loras else None
+    resident = check_dit_fits(path, info, param_dtype, fp8, dev, offload_blocks, offload_reserve_bytes)
+    offload = resident is not None and resident < info.config["num_layers"]
+    build_dev = torch.device("cpu") if offload else dev
+    # each tensor is read when the model asks for it (plain reads, never a map of the file), gets its LoRA deltas and
+    # is converted on its way to the device, so RAM holds one tensor at a time; straight to the device when nothing
+    # needs converting
     direct = not fp8 and not info.fp8 and info.dtype == str(param_dtype).replace("torch.", "")
-    sd = _read_converted(src, info, raw_to_key, dev if direct else torch.device("cpu"))
-    model = build_dit_from_state_dict(sd, info.config, dtype=param_dtype, device=dev, fp8_storage=fp8, name=str(path))
+    sd = _read_converted(src, info, raw_to_key, build_dev if direct else torch.device("cpu"))
+    if merge:
+        sd = MergedTensors(sd, merge)
+    model = build_dit_from_state_dict(sd, info.config, dtype=param_dtype, device=build_dev, fp8_storage=fp8,
+                                      name=str(path))
     del sd
-    logger.info("loaded %s as %s on %s", info.summary(), FP8_STORAGE if fp8 else param_dtype, dev)
+    if offload:
+        offload_model(model, dev, resident)
+    logger.info("loaded %s as %s on %s%s%s", info.summary(), FP8_STORAGE if fp8 else param_dtype, dev,
+                f", {resident} of {info.config['num_layers']} blocks resident" if offload else "",
+                f", LoRAs {merge.summary()}" if merge else "")
     return model

@@ -246,6 +246,20 @@ def test_real_size_dry_run_builds_on_meta_and_prints_the_plan(tmp_path, capsys):
     assert plan["kv_cache_bytes"]["target"]["recompute"] == pytest.approx(7.7e9, rel=0.01)
     assert plan["kv_cache_bytes"]["drafter"]["recompute"] == pytest.approx(1.72e9, rel=0.01)
     assert plan["vae_cache_bytes"] > 1e9
+    # the bf16 KV figures for the 14B at 832x480 (5 blocks): recompute 7.1, noisy 14.3, global 17.9 GiB
+    gib, kv = 2**30, plan["kv_cache_bytes"]["target"]
+    assert [round(kv[r] / gib, 1) for r in ("recompute", "noisy", "global")] == [7.1, 14.3, 17.9]
+    # the 24 GiB card plan: fp8 + target-block offload fits with the recompute cache only; K is the most that fit
+    cp = plan["card_plan"]
+    assert cp["best"] == "recompute" and not cp["regimes"]["noisy"]["fits"] and not cp["regimes"]["global"]["fits"]
+    k = cp["regimes"]["recompute"]["resident_blocks"]
+    assert 0 < k < cp["layers"] and cp["settings"]["target_offload_blocks"] == k
+    used = sum(cp["fixed"].values()) + cp["regimes"]["recompute"]["kv_bytes"] + k * cp["block_bytes"]
+    assert used <= cp["card_bytes"] < used + cp["block_bytes"]
+    assert cp["block_bytes"] == pytest.approx(0.327 * gib, rel=0.01)  # one 14B block in fp8 (+ bf16/fp32 norms)
+    assert f"--dtype fp8_e4m3fn --target-offload-blocks {k} --cache recompute" in text
+    assert main(["bench", "--profile", "real-size", "--dry-run", "--card-gib", "0"]) == 2
+    assert "--card-gib must be a positive" in capsys.readouterr().err
 
 
 def test_real_size_refuses_without_a_gpu(capsys):

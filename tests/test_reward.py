@@ -268,6 +268,6 @@ def test_router_early_exit_with_score_chunks(tiny_reward):
         want = Router(RouterConfig(tau=tau)).decide(1, full)
         got = Router(RouterConfig(tau=tau, early_exit=True)).decide_streaming(1, tiny_reward.score_chunks(x, PROMPT, 3))
         assert got.decision == want.decision
-        assert got.scores == pytest.approx(full.tolist()[: len(got.scores)], abs=1e-6)
+        assert got.scores == pytest.approx(full.tolist()[: len(got.scores)], abs=1e-5)  # fp32: chunk and batch sizes change the reduction order
 
 

@@ -61,6 +61,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--plot", default=None, help="write a PNG of speedup vs acceptance with the bound")
     p.add_argument("--dry-run", action="store_true", help="real-size: build everything on the meta device and print "
                    "the memory plan (params, KV bytes, VAE cache bytes); runs nothing")
+    p.add_argument("--card-gib", type=float, default=24.0, help="real-size --dry-run: also plan the 14B + 1.3B fit on a "
+                   "card of this many GiB with fp8 weights and target-block offload (default 24)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -139,9 +141,13 @@ def _cmd_tiny(args, s: BenchSettings) -> int:
 
 def _dry_run(args, s: BenchSettings) -> int:
     from ..fixtures.random_models import RealSizeSpec, build_real_size_models
+    from .card_plan import card_plan, check_positive, format_card_plan
 
-    plan = memory_plan(build_real_size_models(torch.device("meta"), RealSizeSpec()), s)
-    sys.stdout.write(format_plan(plan) + "\n")  # CLI output of the command
+    card = check_positive(args.card_gib)
+    models = build_real_size_models(torch.device("meta"), RealSizeSpec())
+    plan = memory_plan(models, s)
+    plan["card_plan"] = card_plan(models, plan, card_bytes=card)
+    sys.stdout.write(format_plan(plan) + "\n" + format_card_plan(plan["card_plan"]) + "\n")  # CLI output
     variants = select(default_variants("real-size", s.levels), s.only)
     sys.stdout.write(f"rows ({len(variants)}): " + ", ".join(v.name for v in variants) + "\n")  # CLI output
     if args.json:

@@ -1,0 +1,116 @@
+"""What it takes to run the real 14B + 1.3B pair on one consumer card (24 GiB by default): fp8 weights, K resident
+target blocks, the cache regime, and where the VAE, ImageReward and text encoder go.
+
+Every figure is computed from the real-size models on the meta device (parameter bytes after the same fp8
+conversion the loader does, KV-cache bytes from the cache layout, the VAE decoder cache measured on meta) except two
+stated allowances that only a GPU can measure: the CUDA context and the activations' peak. ``bench/gpu_check.sh``
+runs the offload path on a GPU and records the real peak when one is lent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+GIB = 2**30
+CARD_BYTES = 24 * GIB
+CUDA_CONTEXT_BYTES = int(0.75 * GIB)  # allowance: CUDA context, cuBLAS/cuDNN workspaces, allocator slack
+ACTIVATION_BYTES = 3 * GIB  # allowance: peak live activations (a 3-frame DiT block forward, the VAE's last stage)
+TEXT_LEN = 512  # UMT5 prompt length: the cross-attention caches hold K/V for 512 tokens
+# UMT5-XXL encoder (d_model 4096, d_ff 10240, 24 layers, 64 heads × 64, vocab 256384): embedding + 24 × (4 attention
+# projections + 3 gated-FFN matrices), in parameters
+UMT5_XXL_PARAMS = 256384 * 4096 + 24 * (4 * 4096 * 4096 + 3 * 4096 * 10240)
+
+
+def _fp8_model(model):
+    """The meta twin of ``model`` with the loader's fp8 storage dtypes."""
+    from ..wan_keys import CONFIG_KEYS
+    from ..wan_loading import empty_dit, to_fp8_storage
+
+    twin = empty_dit({k: model.config[k] for k in CONFIG_KEYS})
+    to_fp8_storage(twin)
+    return twin
+
+
+def _bytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def _cross_bytes(model) -> int:
+    return len(model.blocks) * 2 * TEXT_LEN * model.num_heads * model.head_dim * 2  # bf16 K and V per layer
+
+
+def card_plan(models, plan: dict, *, card_bytes: int = CARD_BYTES) -> dict[str, Any]:
+    """The fit of the real-size pair on a card of ``card_bytes`` with fp8 weights and target-block offload, for each
+    cache regime of ``plan`` (from :func:`real_size.memory_plan`)."""
+    target, drafter = _fp8_model(models.target), _fp8_model(models.drafter)
+    block = _bytes(target.blocks[0].parameters())
+    layers = len(target.blocks)
+    target_other = _bytes(target.parameters()) - sum(_bytes(b.parameters()) for b in target.blocks)
+    fixed = {
+        "CUDA context and workspaces (allowance)": CUDA_CONTEXT_BYTES,
+        "activations (allowance)": ACTIVATION_BYTES,
+        "target non-block weights (fp8 storage)": target_other,
+        "target 2 streaming slots": 2 * block,
+        "drafter weights (fp8 storage)": _bytes(drafter.parameters()),
+        "VAE weights": plan["models"]["vae"]["bytes"],
+        "VAE decoder cache + one snapshot": 2 * plan["vae_cache_bytes"],
+        "ImageReward weights (fp32)": plan["models"]["reward"]["bytes"],
+        "cross-attention caches (both DiTs)": _cross_bytes(models.target) + _cross_bytes(models.drafter),
+    }
+    regimes = {}
+    for regime, kv_target in plan["kv_cache_bytes"]["target"].items():
+        kv = kv_target + plan["kv_cache_bytes"]["drafter"][regime]
+        room = card_bytes - sum(fixed.values()) - kv
+        k = max(-1, min(layers, math.floor(room / block)))
+        regimes[regime] = {"kv_bytes": kv, "resident_blocks": k if k >= 0 else None, "fits": k >= 0,
+                           "streamed_bytes_per_forward": (layers - k) * block if k >= 0 else None}
+    best = next((r for r in ("recompute", "noisy", "global") if regimes.get(r, {}).get("fits")), None)
+    k = regimes[best]["resident_blocks"] if best else None
+    settings = None
+    if best:
+        settings = {"dtype": "fp8_e4m3fn", "target_offload_blocks": k, "cache": best, "device": "cuda",
+                    "aux_device": "cuda (VAE, ImageReward)", "text_encoder_device": "cpu (bf16, once per prompt)"}
+    return {
+        "card_bytes": card_bytes, "size": plan["size"], "block_bytes": block, "layers": layers, "fixed": fixed,
+        "regimes": regimes, "best": best, "settings": settings,
+        "cpu_bytes": {"streamed target blocks (pinned)": (layers - k) * block if best else None,
+                      "UMT5-XXL text encoder (bf16)": 2 * UMT5_XXL_PARAMS},
+    }
+
+
+def format_card_plan(cp: dict) -> str:
+    card = cp["card_bytes"] / GIB
+    lines = [f"fit on a {card:.0f} GiB card at {cp['size']} (14B target + 1.3B drafter, fp8 weights, target-block "
+             f"offload; {cp['layers']} target blocks of {cp['block_bytes'] / GIB:.3f} GiB in fp8):"]
+    lines += [f"  {name:42s} {b / GIB:6.2f} GiB" for name, b in cp["fixed"].items()]
+    for regime, r in cp["regimes"].items():
+        if r["fits"]:
+            lines.append(f"  cache {regime:9s}: KV {r['kv_bytes'] / GIB:5.2f} GiB -> {r['resident_blocks']} of "
+                         f"{cp['layers']} target blocks resident, {r['streamed_bytes_per_forward'] / GIB:.1f} GiB "
+                         "streamed per target forward")
+        else:
+            lines.append(f"  cache {regime:9s}: KV {r['kv_bytes'] / GIB:5.2f} GiB -> does not fit, even with every "
+                         "target block streamed")
+    for name, b in cp["cpu_bytes"].items():
+        if b is not None:
+            lines.append(f"  CPU RAM: {name} {b / GIB:.1f} GiB")
+    s = cp["settings"]
+    if s:
+        lines.append(f"  settings: --dtype {s['dtype']} --target-offload-blocks {s['target_offload_blocks']} --cache "
+                     f"{s['cache']} --device cuda --text-encoder-device cpu (VAE and ImageReward on the GPU)")
+    else:
+        lines.append("  no setting fits this card")
+    lines.append("  allowances (not measured here): CUDA context and activations; bench/gpu_check.sh measures the peak")
+    return "\n".join(lines)
+
+
+def check_positive(card_gib: float) -> int:
+    from ..errors import ConfigError
+
+    if not math.isfinite(card_gib) or card_gib <= 0:
+        raise ConfigError(f"--card-gib must be a positive number of GiB, got {card_gib!r}.")
+    return int(card_gib * GIB)
+
+
+__all__ = ["card_plan", "format_card_plan", "CARD_BYTES", "check_positive"]
