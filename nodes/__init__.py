@@ -13,12 +13,14 @@ def node_classes() -> list[type]:
     from .conditioning import SDVGTextEncode
     from .core_model import SDVGDiTFromModel
     from .loaders import SDVGModelLoader, SDVGRewardLoader, SDVGTextEncoderLoader, SDVGVAELoader
+    from .lora import SDVGLoraLoader
     from .report import SDVGReport
     from .router import SDVGRewardRouter
     from .sampler import SDVGSpeculativeSampler
 
     return [
         SDVGModelLoader,
+        SDVGLoraLoader,
         SDVGTextEncoderLoader,
         SDVGVAELoader,
         SDVGRewardLoader,

@@ -68,13 +68,23 @@ def offload_device(kind: str, load_device: torch.device) -> torch.device:
     return torch.device(getter())
 
 
-def model_patcher(module: torch.nn.Module, load_device: torch.device, offload: torch.device):
-    """ComfyUI's ModelPatcher around ``module`` (None without a host: tests and bare Python manage nothing)."""
+def model_patcher(module: torch.nn.Module, load_device: torch.device, offload: torch.device, size: int = 0):
+    """ComfyUI's ModelPatcher around ``module`` (None without a host: tests and bare Python manage nothing);
+    ``size``: the bytes it occupies on ``load_device`` (0: ComfyUI measures the module)."""
     try:
         from comfy.model_patcher import ModelPatcher
     except ImportError:
         return None
-    return ModelPatcher(module, load_device=load_device, offload_device=offload)
+    return ModelPatcher(module, load_device=load_device, offload_device=offload, size=int(size))
+
+
+def on_detach(patcher, fn) -> None:
+    """Call ``fn()`` whenever ComfyUI evicts this patcher's model (its ON_DETACH callback)."""
+    try:
+        from comfy.patcher_extension import CallbacksMP
+    except ImportError:
+        return
+    patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: fn())
 
 
 def load_models(patchers: list, memory_required: int) -> None:

@@ -12,8 +12,9 @@ memory manager counts it, moves it and evicts it as it does its own.
   (``free_memory``) also drops the output cache, and our models go with it. We never call ``unload_all_models``
   and never edit ComfyUI's list of loaded models.
 
-What ComfyUI moves is a :class:`ManagedModule` view: the engine model's ``torch`` modules (all of them; a DiT that
-streams its transformer blocks from CPU memory would list only what stays resident). Without a host (tests, bare
+What ComfyUI moves is a :class:`ManagedModule` view: the engine model's ``torch`` modules — all of them, or for a DiT
+whose transformer blocks are streamed from pinned CPU memory (block offload) only what stays on the device; its
+streaming slots are released when ComfyUI evicts it and come back with the next forward. Without a host (tests, bare
 Python) there is no patcher and ``use`` does nothing.
 """
 
@@ -59,8 +60,10 @@ class Managed:
 
     @property
     def nbytes(self) -> int:
-        module = self.patcher.model if self.patcher is not None else _module_of(self.kind, self.model)
-        return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+        """Bytes ComfyUI counts for it on its device."""
+        if self.patcher is not None:
+            return int(self.patcher.model_size())
+        return _nbytes(_module_of(self.kind, self.model))
 
     def loaded_device(self) -> torch.device | None:
         """Where the weights are now (None when nothing manages them)."""
@@ -71,6 +74,22 @@ def _module_of(kind: str, model: Any) -> torch.nn.Module:
     """The ``torch`` module behind an engine model: the DiT and ImageReward are modules; the streaming VAE and the
     text encoder wrap one as ``.model``."""
     return model if isinstance(model, torch.nn.Module) else model.model
+
+
+def _resident_parts(kind: str, model: Any) -> dict[str, torch.nn.Module]:
+    """What ComfyUI moves: the whole module, or for a DiT whose blocks are streamed (block offload) everything but
+    the streamed blocks, which stay in pinned CPU memory whatever ComfyUI does."""
+    module = _module_of(kind, model)
+    offloader = getattr(model, "block_offloader", None)
+    if offloader is None:
+        return {"model": module}
+    parts = {f"child_{name}": child for name, child in module.named_children() if name != "blocks"}
+    parts.update({f"block_{i}": module.blocks[i] for i in range(offloader.resident)})
+    return parts
+
+
+def _nbytes(*modules: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
 
 
 _lock = threading.Lock()
@@ -98,8 +117,14 @@ def load(kind: str, key: tuple, name: str, nbytes: int, device: torch.device, lo
         return found
     _host.free_memory_for(nbytes, device)
     model = loader()
-    module = ManagedModule({"model": _module_of(kind, model)}, device, f"{kind} {name}")
-    managed = Managed(kind, name, model, device, _host.model_patcher(module, device, _host.offload_device(kind, device)))
+    module = ManagedModule(_resident_parts(kind, model), device, f"{kind} {name}")
+    offloader = getattr(model, "block_offloader", None)
+    size = _nbytes(module) + (offloader.device_bytes() - _nbytes(*offloader.blocks[:offloader.resident])
+                              if offloader is not None else 0)
+    patcher = _host.model_patcher(module, device, _host.offload_device(kind, device), size=size)
+    if offloader is not None and patcher is not None:  # evicted: the streaming slots leave the device too
+        _host.on_detach(patcher, offloader.release_slots)
+    managed = Managed(kind, name, model, device, patcher)
     use([managed])
     with _lock:
         _registry[key] = managed

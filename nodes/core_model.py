@@ -60,5 +60,4 @@ class SDVGDiTFromModel(io.ComfyNode):
                                     name="the core MODEL")
 
         managed = _models.load("dit", ("core", *identity, weight_dtype, str(dev)), "MODEL", nbytes, dev, load)
-        return io.NodeOutput(DiTHandle(model=managed.model, file="MODEL", dtype=weight_dtype, device=dev,
-                                       offload=offload, managed=managed))
+        return io.NodeOutput(DiTHandle.of(managed, file="MODEL", dtype=weight_dtype, device=dev, offload=offload))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from comfy_api.latest import io
 
 from ..sdvg.devices import AUX_DTYPES, DIT_DTYPES
@@ -66,6 +68,41 @@ def model_file_problem(folder: str, model_name: str) -> bool | str:
     return True
 
 
+BLOCK_OFFLOAD = ("off", "auto", "custom")
+
+
+def block_offload_spec(block_offload: str, resident_blocks: int):
+    """Widget values → the engine's offload setting: None, "auto" or K resident blocks."""
+    from ..sdvg.errors import ConfigError
+
+    if block_offload not in BLOCK_OFFLOAD:
+        raise ConfigError(f"Unknown block_offload {block_offload!r}; use one of {', '.join(BLOCK_OFFLOAD)}.")
+    if block_offload == "custom":
+        if isinstance(resident_blocks, bool) or not isinstance(resident_blocks, int) or resident_blocks < 0:
+            raise ConfigError(f"resident_blocks must be a whole number ≥ 0, got {resident_blocks!r}.")
+        return int(resident_blocks)
+    return None if block_offload == "off" else "auto"
+
+
+def load_dit_file(path: str):
+    """The ``source`` of a file-backed DiT handle: the file with the handle's LoRAs merged on the way in and its
+    block offload, once per (file, dtype, device, LoRAs, offload) while anything holds it."""
+
+    def load(handle: DiTHandle):
+        from ..sdvg.lora import LoraSpec
+        from ..sdvg.wan_loading import load_dit
+
+        loras = [LoraSpec(p, s) for p, s in handle.loras]
+        key = (*_models.file_key(path), handle.dtype, str(handle.device), handle.block_offload,
+               tuple((*_models.file_key(p), s) for p, s in handle.loras))
+        name = os.path.basename(path) + "".join(f" + {os.path.basename(p)}@{s:g}" for p, s in handle.loras)
+        return _models.load("dit", key, name, os.path.getsize(path), handle.device,
+                            lambda: load_dit(path, dtype=handle.dtype, device=handle.device, loras=loras,
+                                             offload_blocks=handle.block_offload))
+
+    return load
+
+
 class SDVGModelLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -75,7 +112,8 @@ class SDVGModelLoader(io.ComfyNode):
             category=CATEGORY,
             description=(
                 "Loads a causal Wan 2.1 DiT (Self-Forcing 1.3B drafter, Krea Realtime 14B target, or any "
-                "Self-Forcing-family file). Wire it to the sampler's drafter or target input: the input decides the role."
+                "Self-Forcing-family file). Wire it to the sampler's drafter or target input: the input decides the role. "
+                "The file is read when a run first needs it (after any SDVG Load LoRA in between)."
             ),
             inputs=[
                 _file_input("diffusion_models", "DiT checkpoint (.safetensors or .pt)"),
@@ -92,26 +130,45 @@ class SDVGModelLoader(io.ComfyNode):
                     default="keep_loaded",
                     tooltip="keep_loaded: stay on the device between runs (fastest). offload_to_cpu_when_idle: move to CPU RAM after each run to free VRAM for other nodes.",
                 ),
+                io.Combo.Input(
+                    "block_offload",
+                    options=list(BLOCK_OFFLOAD),
+                    default="off",
+                    optional=True,  # workflows and API prompts from before it still run
+                    tooltip="Low VRAM: keep only some transformer blocks on the GPU and stream the others from pinned CPU RAM, one block ahead on a side stream (same output, slower). off: every block on the device. auto: as many blocks as fit in the free VRAM. custom: resident_blocks blocks.",
+                ),
+                io.Int.Input("resident_blocks", default=10, min=0, max=128, optional=True,
+                             tooltip="With block_offload = custom: how many transformer blocks stay on the GPU (the 14B has 40, the 1.3B 30)."),
             ],
-            outputs=[SDVG_DIT.Output(display_name="dit", tooltip="The loaded DiT; connect to the sampler's drafter or target.")],
+            outputs=[SDVG_DIT.Output(display_name="dit", tooltip="The DiT; connect to the sampler's drafter or target (or an SDVG Load LoRA first).")],
         )
 
     @classmethod
-    def validate_inputs(cls, model_name: str) -> bool | str:
+    def validate_inputs(cls, model_name: str, block_offload: str = "off", resident_blocks: int = 10) -> bool | str:
+        from ..sdvg.errors import ConfigError
+
+        try:
+            block_offload_spec(block_offload, resident_blocks)
+        except ConfigError as exc:
+            return str(exc)
         return model_file_problem("diffusion_models", model_name)
 
     @classmethod
-    def execute(cls, model_name: str, weight_dtype: str, device: str, offload: str) -> io.NodeOutput:
+    def execute(cls, model_name: str, weight_dtype: str, device: str, offload: str, block_offload: str = "off",
+                resident_blocks: int = 10) -> io.NodeOutput:
+        from ..sdvg.devices import parse_dtype
         from ..sdvg.errors import ConfigError
-        from ..sdvg.wan_loading import load_dit
+        from ..sdvg.wan_loading import inspect_dit_checkpoint
 
         if offload not in OFFLOAD_POLICIES:
             raise ConfigError(f"Unknown offload policy {offload!r}; use one of {', '.join(OFFLOAD_POLICIES)}.")
         path = _host.full_model_path("diffusion_models", model_name)
         dev = _resolve(device, "DiT")
-        managed = _models.load_file("dit", path, weight_dtype, dev, lambda: load_dit(path, dtype=weight_dtype, device=dev))
-        return io.NodeOutput(DiTHandle(model=managed.model, file=model_name, dtype=weight_dtype, device=dev,
-                                       offload=offload, managed=managed))
+        parse_dtype(weight_dtype, default=None)  # an unknown dtype fails here, not at the first run
+        inspect_dit_checkpoint(path)  # headers only: a broken or foreign file fails on this node, not at the run
+        return io.NodeOutput(DiTHandle(file=model_name, dtype=weight_dtype, device=dev, offload=offload,
+                                       block_offload=block_offload_spec(block_offload, resident_blocks),
+                                       source=load_dit_file(path), lora_base=path))
 
 
 class SDVGTextEncoderLoader(io.ComfyNode):

@@ -66,7 +66,11 @@ def _bring_models(config, router, models, handles) -> None:
 
     needs = run_memory(models, cache=config.cache, num_blocks=config.num_blocks, width=config.width,
                        height=config.height, mode=router.mode)
-    _models.use([getattr(h, "managed", None) for h in handles], needs)
+    _models.use([h.loaded() if isinstance(h, DiTHandle) else getattr(h, "managed", None) for h in handles], needs)
+
+
+def _model_for(handle: DiTHandle | None, needed: bool):
+    return handle.model if handle is not None and needed else None
 
 
 @contextmanager
@@ -77,7 +81,7 @@ def _parked_after(handles):
     finally:
         for h in handles:
             if h is not None and h.offload == "offload_to_cpu_when_idle":
-                _models.park(h.managed)
+                _models.park(h.loaded())
 
 
 class SDVGSpeculativeSampler(io.ComfyNode):
@@ -155,7 +159,9 @@ class SDVGSpeculativeSampler(io.ComfyNode):
 
         config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                                 custom_schedule=custom_schedule, pipelined=pipelined, refine_from_step=refine_from_step)
-        models = SDVGModels(target=getattr(target, "model", None), drafter=getattr(drafter, "model", None),
+        # a DiT is read from its file here, the first time a run needs it (and only if this mode calls it)
+        models = SDVGModels(target=_model_for(target, router.mode != "draft-only"),
+                            drafter=_model_for(drafter, router.mode != "target-only"),
                             vae=vae.model, reward=getattr(reward, "model", None))
         # a copy bound to this run (seed for random routing); the input is untouched
         router = dataclasses.replace(router, seed=int(seed) % (2**63))

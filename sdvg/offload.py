@@ -175,6 +175,15 @@ class BlockOffloader:
         resident = sum(module_bytes(self.blocks[i]) for i in range(self.resident))
         return resident + (SLOTS * self.block_bytes if self.streamed else 0)
 
+    def release_slots(self) -> None:
+        """Free the device slots the streamed blocks pass through (between forwards; a host evicting the model calls
+        it). The next forward allocates them again."""
+        if self._stream is not None:
+            self._stream.synchronize()
+        self._slots = None
+        self._ready.clear()
+        self._slot_free = [None] * SLOTS
+
     def _slot(self, i: int) -> list[torch.Tensor]:
         if self._slots is None:
             first = self._storage[self.resident]

@@ -45,7 +45,8 @@ def test_entrypoint_lists_every_node(host):
     classes = asyncio.run(ext.get_node_list())
     ids = [c.define_schema().node_id for c in classes]
     assert ids == [
-        "SDVGModelLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader", "SDVGDiTFromModel",
+        "SDVGModelLoader", "SDVGLoraLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader",
+        "SDVGDiTFromModel",
         "SDVGTextEncode", "SDVGRewardRouter", "SDVGSpeculativeSampler", "SDVGReport",
     ]
     assert not hasattr(mod, "NODE_CLASS_MAPPINGS")
@@ -244,6 +245,7 @@ def test_models_are_loaded_once_while_held_and_registered_with_the_host(tiny_hos
     load = tiny_nodes["SDVGModelLoader"].execute
     a = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
     b = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+    assert a.loaded() is None and models.size() == 0  # a recipe: read when a run first needs it
     assert a.model is b.model and a.managed is b.managed
     assert a.managed.patcher.model.parts["model"] is a.model  # ComfyUI manages exactly our module
     assert tiny_host.loads[-1] == (["dit sdvg_tiny_drafter.pt"], 0, True)  # counted from the start, fully loaded
@@ -260,6 +262,7 @@ def test_a_run_brings_its_models_with_the_memory_it_will_allocate(tiny_host, tin
     load = tiny_nodes["SDVGModelLoader"].execute
     held = [load(model_name=name, weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
             for name in ("sdvg_tiny_drafter.pt", "sdvg_tiny_target.safetensors")]
+    held = [h.managed for h in held]  # loaded and held here
     held.append(tiny_nodes["SDVGVAELoader"].execute(model_name="sdvg_tiny_vae.safetensors", device="cpu", dtype="fp32")[0])
     _run_tiny(tiny_nodes, blocks=2)  # its loaders find the held models
     names, need, full = tiny_host.loads[-1]
@@ -499,8 +502,7 @@ def test_offload_policy_parks_the_dit_after_the_run_even_after_an_error(host):
 
     def handle(offload):
         managed = models.Managed("dit", "x", object(), torch.device("cuda", 0), Patcher())
-        return handles.DiTHandle(model=managed.model, file="x", dtype="bf16", device=managed.device,
-                                 offload=offload, managed=managed)
+        return handles.DiTHandle.of(managed, file="x", dtype="bf16", device=managed.device, offload=offload)
 
     parked, kept = handle("offload_to_cpu_when_idle"), handle("keep_loaded")
     with contextlib.suppress(RuntimeError), sampler._parked_after((parked, kept, None)):
@@ -583,3 +585,64 @@ def test_the_readme_names_the_nodes_as_comfyui_shows_them(nodes):
     missing = [cls.define_schema().display_name for cls in nodes.values()
                if f"**{cls.define_schema().display_name}**" not in readme]
     assert not missing, missing
+
+
+def test_lora_chain_reads_the_dit_once_with_every_lora_merged(tiny_host, tiny_nodes, tiny_root):
+    from sdvg.fixtures.loras import lora_factors, write_lora
+    from sdvg.fixtures.tiny import TINY_TARGET_CONFIG
+    from sdvg.lora import LoraSpec
+    from sdvg.wan_loading import load_dit
+
+    loras = tiny_root / "loras"
+    a = write_lora(loras / "style_a.safetensors", lora_factors(TINY_TARGET_CONFIG, seed=1), "kohya")
+    b = write_lora(loras / "style_b.safetensors", lora_factors(TINY_TARGET_CONFIG, seed=2), "diffusers")
+    base = tiny_nodes["SDVGModelLoader"].execute(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32",
+                                                  device="cpu", offload="keep_loaded")[0]
+    add = tiny_nodes["SDVGLoraLoader"].execute
+    one = add(dit=base, lora_name="style_a.safetensors", strength=0.8)[0]
+    two = add(dit=one, lora_name="style_b.safetensors", strength=-0.5)[0]
+    assert add(dit=two, lora_name="style_a.safetensors", strength=0.0)[0] is two  # strength 0: unchanged
+    assert base.loaded() is None and one.loaded() is None  # nothing read yet, and never for the bare base
+    ref = load_dit(tiny_root / "diffusion_models" / "sdvg_tiny_target.safetensors", dtype="fp32", device="cpu",
+                   loras=[LoraSpec(a, 0.8), LoraSpec(b, -0.5)])
+    got = dict(two.model.named_parameters())
+    assert all(torch.equal(p, got[n]) for n, p in ref.named_parameters())
+    assert base.loaded() is None and one.loaded() is None
+
+
+def test_lora_node_errors_name_the_problem(tiny_host, tiny_nodes, tiny_root):
+    from sdvg.fixtures.loras import lora_factors, write_lora
+    from sdvg.fixtures.tiny import TINY_DRAFTER_CONFIG
+
+    ConfigError = pack.submodule("sdvg.errors").ConfigError
+    write_lora(tiny_root / "loras" / "for_the_drafter.safetensors", lora_factors(TINY_DRAFTER_CONFIG), "kohya")
+    target = tiny_nodes["SDVGModelLoader"].execute(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32",
+                                                    device="cpu", offload="keep_loaded")[0]
+    with pytest.raises(ConfigError):  # a LoRA made for another width fails on this node, before any load
+        tiny_nodes["SDVGLoraLoader"].execute(dit=target, lora_name="for_the_drafter.safetensors", strength=1.0)
+    assert "not found" in tiny_nodes["SDVGLoraLoader"].validate_inputs(lora_name="missing.safetensors")
+    core = _fake_core_model(_tiny_target_original(tiny_root), heads=8)
+    from_core = tiny_nodes["SDVGDiTFromModel"].execute(model=core, weight_dtype="fp32", device="cpu",
+                                                       offload="keep_loaded")[0]
+    with pytest.raises(ConfigError, match="LoraLoaderModelOnly"):
+        tiny_nodes["SDVGLoraLoader"].execute(dit=from_core, lora_name="for_the_drafter.safetensors", strength=1.0)
+
+
+def test_block_offload_on_the_loader_streams_blocks_comfy_does_not_move(tiny_host, tiny_nodes):
+    load = tiny_nodes["SDVGModelLoader"].execute
+    plain = load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
+    streamed = load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded",
+                    block_offload="custom", resident_blocks=1)[0]
+    assert streamed.model is not plain.model and streamed.model.block_offloader.resident == 1
+    parts = streamed.managed.patcher.model.parts
+    assert sorted(k for k in parts if k.startswith("block_")) == ["block_0"]  # streamed blocks are not ComfyUI's to move
+    assert "child_blocks" not in parts and plain.managed.patcher.model.parts["model"] is plain.model
+    # the same weights (bit-identical outputs through the offloader: tests/test_offload.py)
+    ref = dict(plain.model.named_parameters())
+    assert all(torch.equal(p, ref[n]) for n, p in streamed.model.named_parameters())
+    ConfigError = pack.submodule("sdvg.errors").ConfigError
+    assert "resident_blocks" in tiny_nodes["SDVGModelLoader"].validate_inputs(
+        model_name="sdvg_tiny_target.safetensors", block_offload="custom", resident_blocks=-1)
+    with pytest.raises(ConfigError):
+        load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded",
+             block_offload="sometimes")

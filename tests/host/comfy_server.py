@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACK_FOLDER = "sdvg"
-MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "image_reward")
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "image_reward", "loras")
 
 
 def host_configs() -> list[tuple[str, Path, str]]:

@@ -299,12 +299,15 @@ def _build_modules(host: StubHost) -> dict[str, types.ModuleType]:
 
     class ModelPatcher:  # the part of the real contract the pack relies on
         def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
-            self.model, self.load_device, self.offload_device = model, load_device, offload_device
+            self.model, self.load_device, self.offload_device, self.size = model, load_device, offload_device, size
             if getattr(model, "device", None) is None:
                 model.device = offload_device
 
         def current_loaded_device(self):
             return self.model.device
+
+        def model_size(self):
+            return self.size or sum(t.numel() * t.element_size() for t in self.model.parameters())
 
         def detach(self, unpatch_all=True):
             self.model.to(self.offload_device)
@@ -346,7 +349,8 @@ def _build_modules(host: StubHost) -> dict[str, types.ModuleType]:
     fp.models_dir = str(host.models_dir)
     exts = {".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".sft"}
     fp.folder_names_and_paths = {
-        name: ([str(host.models_dir / name)], exts) for name in ("diffusion_models", "text_encoders", "vae", "checkpoints")
+        name: ([str(host.models_dir / name)], exts)
+        for name in ("diffusion_models", "text_encoders", "vae", "checkpoints", "loras")
     }
 
     def add_model_folder_path(name, path, is_default=False):

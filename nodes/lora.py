@@ -1,0 +1,58 @@
+"""SDVGLoraLoader: one more LoRA on an SDVG DiT (chainable), merged into the weights when the DiT is loaded."""
+
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from . import _host
+from .handles import DiTHandle
+from .loaders import model_file_problem
+from .types import SDVG_DIT
+
+LORA_FOLDER = "loras"
+
+
+class SDVGLoraLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SDVGLoraLoader",
+            display_name="SDVG Load LoRA",
+            category="SDVG/loaders",
+            description=(
+                "Adds a Wan 2.1 LoRA (ComfyUI/kohya, diffusers/PEFT or original-key files, .diff deltas too) to an SDVG "
+                "DiT. Chain several; each adds strength × its delta. The LoRAs are merged into the weights as the DiT "
+                "file is read (full precision, before any fp8 conversion), so no second copy of the model is kept."
+            ),
+            inputs=[
+                SDVG_DIT.Input("dit", tooltip="An SDVG DiT from SDVG Load Video DiT (or another SDVG Load LoRA)."),
+                io.Combo.Input("lora_name", options=_host.list_model_files(LORA_FOLDER),
+                               tooltip="A LoRA file from the ComfyUI 'loras' model folder."),
+                io.Float.Input("strength", default=1.0, min=-10.0, max=10.0, step=0.01,
+                               tooltip="How much of the LoRA to add (0 = none: the DiT is returned unchanged)."),
+            ],
+            outputs=[SDVG_DIT.Output(display_name="dit", tooltip="The DiT with this LoRA added.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, lora_name: str) -> bool | str:
+        return model_file_problem(LORA_FOLDER, lora_name)
+
+    @classmethod
+    def execute(cls, dit: DiTHandle, lora_name: str, strength: float) -> io.NodeOutput:
+        from ..sdvg.errors import ConfigError
+        from ..sdvg.lora import LoraSpec, lora_param_shapes, read_lora
+        from ..sdvg.wan_loading import inspect_dit_checkpoint
+
+        if dit.lora_base is None:
+            raise ConfigError(
+                f"SDVG Load LoRA cannot add a LoRA to {dit.file}: it came from a core MODEL. Put the LoRA on the MODEL "
+                "instead (LoraLoaderModelOnly before SDVG DiT from MODEL)."
+            )
+        if float(strength) == 0.0:
+            return io.NodeOutput(dit)
+        path = _host.full_model_path(LORA_FOLDER, lora_name)
+        # checked against the DiT's shapes now (headers only), so a wrong LoRA fails on this node, not at the run
+        config = inspect_dit_checkpoint(dit.lora_base).config
+        read_lora(LoraSpec(path, float(strength)), lora_param_shapes(config), what=dit.file)
+        return io.NodeOutput(dit.with_lora(path, float(strength)))
