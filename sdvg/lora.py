@@ -331,10 +331,12 @@ class LoraSet:
 
 
 class MergedTensors(Mapping):
-    """A loader's lazy ``{name: tensor}`` with the LoRA deltas added as each tensor is read (one at a time)."""
+    """A loader's lazy ``{name: tensor}`` with the LoRA deltas added as each tensor is read (one at a time). With a
+    CUDA ``device`` a touched tensor is merged there (the up @ down products are the GPU's work, not the CPU's)."""
 
-    def __init__(self, base: Mapping[str, torch.Tensor], loras: LoraSet) -> None:
+    def __init__(self, base: Mapping[str, torch.Tensor], loras: LoraSet, device: torch.device | None = None) -> None:
         self._base, self._loras = base, loras
+        self._device = device if device is not None and device.type == "cuda" else None
 
     def __len__(self) -> int:
         return len(self._base)
@@ -343,7 +345,10 @@ class MergedTensors(Mapping):
         return iter(self._base)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self._loras.merge(name, self._base[name])
+        tensor = self._base[name]
+        if self._device is not None and self._loras.touches(name):
+            tensor = tensor.to(self._device)
+        return self._loras.merge(name, tensor)
 
 
 def prepare_loras(loras: Sequence[LoraSpec | LoraFile], param_shapes: Mapping[str, Sequence[int]], *,
