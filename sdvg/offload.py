@@ -106,8 +106,9 @@ def check_dit_fits(path, info, dtype: torch.dtype, fp8: bool, device: torch.devi
     check_fits(f"{path} ({info.size_label}, {info.num_params / 1e9:.2f} B parameters as {label})", need, device,
                options=options.strip())
     if k is not None and k < layers and device.type != "cpu":
-        check_fits(f"the {layers - k} streamed blocks of {path} (pinned CPU memory)", (layers - k) * block,
-                   torch.device("cpu"))
+        # an offloaded DiT is built in CPU RAM first (then K blocks move to the device, the rest get pinned)
+        check_fits(f"{path} built in CPU RAM for block offload ({layers - k} blocks stay there, pinned)",
+                   info.num_params * size, torch.device("cpu"))
     return k
 
 
