@@ -172,6 +172,7 @@ def test_cli_merges_loras_and_offloads_and_refuses_a_wrong_lora_before_loading(t
     from sdvg.cli import main
 
     base = ["generate", "--prompt", "a cat", "--models", str(tiny_dir), "--device", "cpu", "--blocks", "2",
+            "--width", "32", "--height", "32",
             "--tau=-inf", "--out", str(tmp_path / "v.mp4"), "--report", str(tmp_path / "r.json")]
     wide = fl.write_lora(tmp_path / "wide.safetensors", fl.lora_factors(tiny.TINY_TARGET_CONFIG, rank=2), "kohya")
     loaded = []

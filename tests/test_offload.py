@@ -89,7 +89,7 @@ def test_a_whole_run_with_an_offloaded_target_is_bit_identical(tiny_dir, tiny_mo
     target = wl.load_dit(next((tiny_dir / "diffusion_models").glob("sdvg_tiny_target*")), dtype="fp32",
                          offload_blocks=1)
     models = dataclasses.replace(tiny_models, target=target)
-    cfg = SamplerConfig(num_blocks=2, width=64, height=64, seed=1)
+    cfg = SamplerConfig(num_blocks=2, width=32, height=32, seed=1)
     router = RouterConfig(mode="target-only")
     a = SpeculativeSampler(tiny_models, router, cfg).run("a fox")
     b = SpeculativeSampler(models, router, cfg).run("a fox")
