@@ -207,10 +207,11 @@ def test_cli_merges_loras_and_offloads_and_refuses_a_wrong_lora_before_loading(t
 
     monkeypatch.setattr(pipeline, "load_models", spy)
     code = main([*base, "--drafter-lora", f"{lora_files['kohya']}:0.8", "--drafter-lora", str(lora_files["diff"]),
-                 "--target-offload-blocks", "1"])
+                 "--target-offload-blocks", "1", "--text-encoder-device", "cpu"])
     assert code == 0, capsys.readouterr().err
     models = seen["models"]
     assert models.target.block_offloader.resident == 1 and models.drafter.block_offloader is None
+    assert seen["kw"]["text_device"] == "cpu" and models.text_encoder.device.type == "cpu"
     assert [(Path(lo.path).name, lo.strength) for lo in seen["kw"]["loras"]["drafter"]] == [("kohya.safetensors", 0.8),
                                                                                      ("diff.safetensors", 1.0)]
     factors = fl.lora_factors(CFG, rank=4, alpha=2.0, seed=3)
