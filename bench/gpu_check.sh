@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# One-shot GPU check (< ~8 minutes on one H200-class GPU):
+# One-shot GPU check (< ~10 minutes on one H200-class GPU):
 #   1. CUDA smoke test of the engine on the tiny models (bench/cuda_smoke.py): reject-all == target-only bit-exact
 #      per cache regime, pipelined == plain, bf16 generation finite;
 #   2. the real-size speed benchmark: random weights at the real 1.3B / 14B / VAE / ImageReward shapes, 832x480,
-#      bf16, 5 blocks (`python -m sdvg bench --profile real-size`).
-# Results go to $OUT (default out/gpu_check): cuda_smoke.json, real_size.json, real_size.png, logs, summary.txt.
+#      bf16, 5 blocks (`python -m sdvg bench --profile real-size`);
+#   3. block offload and LoRA merging on the GPU (bench/offload_lora_check.py): tiny offload bit-identical with the
+#      side-stream prefetch, LoRA merge on the GPU == on the CPU, and a random 14B in fp8 at 832x480 with 9 of 40
+#      blocks resident (the 24 GiB plan) vs all resident: bit-identical, seconds per forward, peak memory.
+# Results go to $OUT (default out/gpu_check): cuda_smoke.json, real_size.json, real_size.png, offload_lora.json,
+# logs, summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/gpu_check}"
@@ -23,5 +27,10 @@ timeout 330 "$PY" -m sdvg bench --profile real-size --json "$OUT/real_size.json"
     2>&1 | tee "$OUT/real_size.log"
 real=${PIPESTATUS[0]}
 
-echo "cuda_smoke rc=$smoke real_size rc=$real elapsed $(( $(date +%s) - start ))s" | tee "$OUT/summary.txt"
-[ "$smoke" -eq 0 ] && [ "$real" -eq 0 ]
+timeout 150 "$PY" bench/offload_lora_check.py --real --resident 9 --out "$OUT/offload_lora.json" \
+    2>&1 | tee "$OUT/offload_lora.log"
+offload=${PIPESTATUS[0]}
+
+echo "cuda_smoke rc=$smoke real_size rc=$real offload_lora rc=$offload elapsed $(( $(date +%s) - start ))s" \
+    | tee "$OUT/summary.txt"
+[ "$smoke" -eq 0 ] && [ "$real" -eq 0 ] && [ "$offload" -eq 0 ]

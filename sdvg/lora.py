@@ -180,15 +180,26 @@ def _first(keys: Iterable[str], n: int = 5) -> str:
 # reading and matching
 
 
-def _metadata_alpha(metadata: Mapping[str, str]) -> tuple[float | None, int | None]:
+def _metadata_alpha(metadata: Mapping[str, str]):
+    """PEFT's scaling from diffusers' ``lora_adapter_metadata`` (a LoraConfig): → ``alpha(module, rank)`` giving the
+    alpha for which ``alpha / rank`` is PEFT's scale (``lora_alpha`` or its ``alpha_pattern`` match, over the
+    module's own rank; over √rank with ``use_rslora``), or None when the file says nothing."""
     raw = metadata.get("lora_adapter_metadata")
     if not raw:
-        return None, None
+        return None
     try:
         meta = json.loads(raw)
-        return float(meta["lora_alpha"]), int(meta["r"])
-    except (ValueError, KeyError, TypeError):
-        return None, None
+        base = float(meta["lora_alpha"])
+        patterns = {str(k): float(v) for k, v in (meta.get("alpha_pattern") or {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    rslora = bool(meta.get("use_rslora"))
+
+    def alpha(module: str, rank: int) -> float:
+        value = next((v for k, v in patterns.items() if re.match(rf"(.*\.)?({k})$", module)), base)
+        return value * math.sqrt(rank) if rslora else value
+
+    return alpha
 
 
 def read_lora(spec: LoraSpec, param_shapes: Mapping[str, Sequence[int]], *, what: str = "the DiT") -> LoraFile:
@@ -229,10 +240,10 @@ def read_lora(spec: LoraSpec, param_shapes: Mapping[str, Sequence[int]], *, what
             "(diffusion_model.…) layouts; a LoRA for an I2V model, another model family, or a DiT with fewer layers "
             "does not fit."
         )
-    meta_alpha, meta_rank = _metadata_alpha(ck.metadata)
+    meta_alpha = _metadata_alpha(ck.metadata)
     out = LoraFile(path, _format_of(prefixes, groups), float(spec.strength), {}, width=_width(groups))
     for module, parts in groups.items():
-        _add_terms(out, module, parts, param_shapes, (meta_alpha, meta_rank), what)
+        _add_terms(out, module, parts, param_shapes, meta_alpha, what)
     return out
 
 
@@ -255,7 +266,7 @@ def _shape_error(lora: LoraFile, param: str, got: Sequence[int], want: Sequence[
 
 
 def _add_terms(lora: LoraFile, module: str, parts: dict[str, torch.Tensor], shapes: Mapping[str, Sequence[int]],
-               meta: tuple[float | None, int | None], what: str) -> None:
+               meta_alpha, what: str) -> None:
     weight = module if module in shapes else module + ".weight"
     if "up" in parts or "down" in parts:
         if "up" not in parts or "down" not in parts:
@@ -273,8 +284,8 @@ def _add_terms(lora: LoraFile, module: str, parts: dict[str, torch.Tensor], shap
             raise _shape_error(lora, weight, got, want, what)
         if "alpha" in parts:
             alpha = float(parts["alpha"].float().reshape(-1)[0])
-        elif meta[0] is not None:
-            alpha = meta[0] * rank / meta[1] if meta[1] else meta[0]
+        elif meta_alpha is not None:
+            alpha = meta_alpha(module, rank)
         else:
             alpha = float(rank)
         lora.ranks[rank] += 1
@@ -331,10 +342,12 @@ class LoraSet:
 
 
 class MergedTensors(Mapping):
-    """A loader's lazy ``{name: tensor}`` with the LoRA deltas added as each tensor is read (one at a time)."""
+    """A loader's lazy ``{name: tensor}`` with the LoRA deltas added as each tensor is read (one at a time). With a
+    CUDA ``device`` a touched tensor is merged there (the up @ down products are the GPU's work, not the CPU's)."""
 
-    def __init__(self, base: Mapping[str, torch.Tensor], loras: LoraSet) -> None:
+    def __init__(self, base: Mapping[str, torch.Tensor], loras: LoraSet, device: torch.device | None = None) -> None:
         self._base, self._loras = base, loras
+        self._device = device if device is not None and device.type == "cuda" else None
 
     def __len__(self) -> int:
         return len(self._base)
@@ -343,7 +356,10 @@ class MergedTensors(Mapping):
         return iter(self._base)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self._loras.merge(name, self._base[name])
+        tensor = self._base[name]
+        if self._device is not None and self._loras.touches(name):
+            tensor = tensor.to(self._device)
+        return self._loras.merge(name, tensor)
 
 
 def prepare_loras(loras: Sequence[LoraSpec | LoraFile], param_shapes: Mapping[str, Sequence[int]], *,

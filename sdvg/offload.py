@@ -106,21 +106,39 @@ def check_dit_fits(path, info, dtype: torch.dtype, fp8: bool, device: torch.devi
     check_fits(f"{path} ({info.size_label}, {info.num_params / 1e9:.2f} B parameters as {label})", need, device,
                options=options.strip())
     if k is not None and k < layers and device.type != "cpu":
-        check_fits(f"the {layers - k} streamed blocks of {path} (pinned CPU memory)", (layers - k) * block,
-                   torch.device("cpu"))
+        # an offloaded DiT is built in CPU RAM first (then K blocks move to the device, the rest get pinned)
+        check_fits(f"{path} built in CPU RAM for block offload ({layers - k} blocks stay there, pinned)",
+                   info.num_params * size, torch.device("cpu"))
     return k
 
 
-def offload_model(model, device: torch.device, resident: int) -> BlockOffloader:
-    """Move everything but ``model.blocks`` to ``device`` and stream the blocks through a new offloader."""
+def _move_non_blocks(model, device: torch.device) -> None:
     for name, child in model.named_children():
         if name != "blocks":
             child.to(device)
     for p in model.parameters(recurse=False):
         p.data = p.data.to(device)
+
+
+def offload_model(model, device: torch.device, resident: int) -> BlockOffloader:
+    """Move everything but ``model.blocks`` to ``device`` and stream the blocks through a new offloader."""
+    _move_non_blocks(model, device)
     offloader = BlockOffloader(model.blocks, device, resident)
     model.set_block_offloader(offloader)
     return offloader
+
+
+def move_model(model, device: str | torch.device) -> None:
+    """``model.to(device)`` that keeps block offload intact: with an offloader the non-block weights and the resident
+    blocks move and the streamed blocks stay in their CPU storage (a host's model manager moves an offloaded DiT
+    with this, never with ``.to``, which would copy every streamed block onto the device)."""
+    device = torch.device(device)
+    offloader = getattr(model, "block_offloader", None)
+    if offloader is None:
+        model.to(device)
+        return
+    _move_non_blocks(model, device)
+    offloader.place(device)
 
 
 class BlockOffloader:
@@ -161,6 +179,17 @@ class BlockOffloader:
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._ready: dict[int, torch.cuda.Event] = {}  # block → its copy has landed
         self._slot_free: list[torch.cuda.Event | None] = [None] * SLOTS  # slot → its last block has been used
+
+    def place(self, device: str | torch.device) -> None:
+        """Move the resident blocks to ``device`` and stream into slots there from now on (storage stays put)."""
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        for i in range(self.resident):
+            self.blocks[i].to(self.device)
+        self._slots = None
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._ready.clear()
+        self._slot_free = [None] * SLOTS
 
     @property
     def streamed(self) -> int:

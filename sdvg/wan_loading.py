@@ -484,7 +484,7 @@ def load_dit(
     direct = not fp8 and not info.fp8 and info.dtype == str(param_dtype).replace("torch.", "")
     sd = _read_converted(src, info, raw_to_key, build_dev if direct else torch.device("cpu"))
     if merge:
-        sd = MergedTensors(sd, merge)
+        sd = MergedTensors(sd, merge, dev)
     model = build_dit_from_state_dict(sd, info.config, dtype=param_dtype, device=build_dev, fp8_storage=fp8,
                                       name=str(path))
     del sd

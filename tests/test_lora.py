@@ -83,6 +83,20 @@ def test_full_diffs_and_two_loras_add_up(dits, lora_files, factors):
     assert_weights_equal(model, hand_merged(dits["drafter"], [(factors, 0.5), (factors, 1.0)], [(diffs, 2.0)]))
 
 
+def test_peft_metadata_alpha_pattern_and_rslora(dits, tmp_path, factors):
+    import json
+
+    sd, _ = fl.lora_state_dict(factors, "diffusers")
+    meta = {"r": 4, "lora_alpha": 2.0, "alpha_pattern": {"ffn.net.2": 8.0}, "use_rslora": True}
+    save_file(sd, str(tmp_path / "peft.safetensors"), metadata={"lora_adapter_metadata": json.dumps(meta)})
+    model = wl.load_dit(dits["drafter"], dtype="fp32", loras=[LoraSpec(tmp_path / "peft.safetensors")])
+    ref = hand_merged(dits["drafter"], [])
+    for module, (up, down, _) in factors.items():  # PEFT: alpha (or its pattern's) / sqrt(r) with use_rslora
+        alpha = 8.0 if module.endswith("ffn.net.2") else 2.0
+        ref[module + ".weight"] = ref[module + ".weight"].float() + (up @ down) * (alpha * 2.0 / 4)
+    assert_weights_equal(model, ref)
+
+
 def test_strength_zero_is_no_lora_exactly(dits, lora_files, plain):
     model = wl.load_dit(dits["drafter"], dtype="fp32", loras=[LoraSpec(lora_files["kohya"], 0.0)])
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in plain.state_dict().items())
@@ -172,6 +186,7 @@ def test_cli_merges_loras_and_offloads_and_refuses_a_wrong_lora_before_loading(t
     from sdvg.cli import main
 
     base = ["generate", "--prompt", "a cat", "--models", str(tiny_dir), "--device", "cpu", "--blocks", "2",
+            "--width", "32", "--height", "32",
             "--tau=-inf", "--out", str(tmp_path / "v.mp4"), "--report", str(tmp_path / "r.json")]
     wide = fl.write_lora(tmp_path / "wide.safetensors", fl.lora_factors(tiny.TINY_TARGET_CONFIG, rank=2), "kohya")
     loaded = []
@@ -192,10 +207,11 @@ def test_cli_merges_loras_and_offloads_and_refuses_a_wrong_lora_before_loading(t
 
     monkeypatch.setattr(pipeline, "load_models", spy)
     code = main([*base, "--drafter-lora", f"{lora_files['kohya']}:0.8", "--drafter-lora", str(lora_files["diff"]),
-                 "--target-offload-blocks", "1"])
+                 "--target-offload-blocks", "1", "--text-encoder-device", "cpu"])
     assert code == 0, capsys.readouterr().err
     models = seen["models"]
     assert models.target.block_offloader.resident == 1 and models.drafter.block_offloader is None
+    assert seen["kw"]["text_device"] == "cpu" and models.text_encoder.device.type == "cpu"
     assert [(Path(lo.path).name, lo.strength) for lo in seen["kw"]["loras"]["drafter"]] == [("kohya.safetensors", 0.8),
                                                                                      ("diff.safetensors", 1.0)]
     factors = fl.lora_factors(CFG, rank=4, alpha=2.0, seed=3)

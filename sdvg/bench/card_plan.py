@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..run_memory import cross_attn_bytes
+
 GIB = 2**30
 CARD_BYTES = 24 * GIB
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)  # allowance: CUDA context, cuBLAS/cuDNN workspaces, allocator slack
 ACTIVATION_BYTES = 3 * GIB  # allowance: peak live activations (a 3-frame DiT block forward, the VAE's last stage)
-TEXT_LEN = 512  # UMT5 prompt length: the cross-attention caches hold K/V for 512 tokens
 # UMT5-XXL encoder (d_model 4096, d_ff 10240, 24 layers, 64 heads × 64, vocab 256384): embedding + 24 × (4 attention
 # projections + 3 gated-FFN matrices), in parameters
 UMT5_XXL_PARAMS = 256384 * 4096 + 24 * (4 * 4096 * 4096 + 3 * 4096 * 10240)
@@ -36,10 +37,6 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def _cross_bytes(model) -> int:
-    return len(model.blocks) * 2 * TEXT_LEN * model.num_heads * model.head_dim * 2  # bf16 K and V per layer
-
-
 def card_plan(models, plan: dict, *, card_bytes: int = CARD_BYTES) -> dict[str, Any]:
     """The fit of the real-size pair on a card of ``card_bytes`` with fp8 weights and target-block offload, for each
     cache regime of ``plan`` (from :func:`real_size.memory_plan`)."""
@@ -56,7 +53,7 @@ def card_plan(models, plan: dict, *, card_bytes: int = CARD_BYTES) -> dict[str, 
         "VAE weights": plan["models"]["vae"]["bytes"],
         "VAE decoder cache + one snapshot": 2 * plan["vae_cache_bytes"],
         "ImageReward weights (fp32)": plan["models"]["reward"]["bytes"],
-        "cross-attention caches (both DiTs)": _cross_bytes(models.target) + _cross_bytes(models.drafter),
+        "cross-attention caches (both DiTs)": cross_attn_bytes(models.target) + cross_attn_bytes(models.drafter),
     }
     regimes = {}
     for regime, kv_target in plan["kv_cache_bytes"]["target"].items():
