@@ -171,7 +171,7 @@ class BlockDenoiser:
         self._require_started()
         n = self._check_denoise_args(block, noise, timesteps, start_step, x0_init)
         before = self.forwards
-        sigmas = [self.scheduler.sigma_of(t) for t in timesteps]
+        sigmas = [self.scheduler.step_sigma(t) for t in timesteps]
         with torch.inference_mode():
             frame = self.policy.place_block(self, block)
             if start_step == 0:

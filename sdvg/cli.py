@@ -174,6 +174,7 @@ def add_eval_parser(subparsers) -> None:
     g.add_argument("--seed", type=int, default=0)
     cli_args.add_cache_args(g)
     g.add_argument("--schedule", default="constant")
+    cli_args.add_compat_args(p)
     p.set_defaults(func=cmd_eval)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .blocks import blocks_for_frames
+from .compat import add_compat_args, compat_from_args
 from .devices import DIT_DTYPES
 from .errors import ConfigError
 from .regimes import FIRST_FRAME_SOURCES, REGIMES, CacheConfig
@@ -64,7 +65,7 @@ def add_cache_args(g) -> None:
                    help="recompute regime: first context frame = an old pixel frame re-encoded (Krea) or latent 0")
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
+def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--profile") -> None:
     g = p.add_argument_group("sampling")
     size = g.add_mutually_exclusive_group()
     size.add_argument("--blocks", type=int, help="number of 3-latent-frame blocks (default 7; 12·blocks−3 frames)")
@@ -88,6 +89,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--delta", type=float, default=0.5, help="--threshold relative: accept when q ≥ score(block 0) − δ")
     r.add_argument("--no-force-reject-first", action="store_true", help="let block 0 be drafted too")
     r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
+    add_compat_args(p, profile_flag=profile_flag)
 
 
 def router_config_from_args(args) -> RouterConfig:
@@ -125,6 +127,7 @@ def sampler_config_from_args(args, tiny: bool, *, default_blocks: int = 7):
         pipelined=getattr(args, "pipelined", False),
         refine_from_step=getattr(args, "refine_from_step", None),
         num_frames=frames,
+        compat=compat_from_args(args),
     ).validate()
 
 
@@ -182,4 +185,5 @@ def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
 
     return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
                        aux_device=args.aux_device or args.device, dtype=args.dtype, loras=source.loras,
-                       offload=source.offload, text_device=getattr(args, "text_encoder_device", None))
+                       offload=source.offload, text_device=getattr(args, "text_encoder_device", None),
+                       pt_weights=compat_from_args(args).pt_weights)

@@ -240,10 +240,12 @@ def aggregate(scores: Sequence[float], how: str, q: float = 0.1) -> float:
 
 
 class Router:
-    def __init__(self, config: RouterConfig | None = None):
+    def __init__(self, config: RouterConfig | None = None, *, shared_history: list[float] | None = None):
         self.config = (config or RouterConfig()).validate()
         self._rng = random.Random(self.config.seed)
-        self.history: list[float] = []  # aggregated scores of drafted blocks, in decision order
+        # aggregated scores of drafted blocks, in decision order: this video's, or (``shared_history``, the
+        # reference's pooled state) every video's of a run, which the target-rate threshold reads
+        self.history: list[float] = [] if shared_history is None else shared_history
         self.reference: float | None = None
         self.records: list[RouteRecord] = []
         self._drafted = 0  # drafted blocks decided so far (the index into the random draws / the pattern)

@@ -33,7 +33,7 @@ from .pipeline import SDVGModels
 from .results import BlockEvent, BlockRecord, FrameBuffer, SDVGResult, StepEvent
 from .router import Router, RouterConfig, RouteRecord
 from .sampler_config import SamplerConfig
-from .scheduler import FlowMatchScheduler, NoiseBank, build_step_schedule
+from .scheduler import FlowMatchScheduler, NoiseBank
 from .verify import Draft, last_token, make_verifier
 
 logger = logging.getLogger(__name__)
@@ -59,8 +59,9 @@ class SpeculativeSampler:
         # The router's target-rate correction and pattern need the block count; never mutate the caller's config.
         self.router_config = replace(router, num_blocks=config.num_blocks).validate()
         self.scheduler = FlowMatchScheduler()
-        self.schedule = build_step_schedule(config.schedule, config.num_blocks, self.scheduler)
+        self.schedule = config.step_schedule()
         self.policy = config.cache.policy()
+        self.pooled_scores: list[float] = []  # threshold_state "pooled": target-rate statistics of every run here
 
     # ------------------------------------------------------------------ validation
     def check_inputs(self) -> None:
@@ -205,12 +206,14 @@ class _Run:
             raise ConfigError("The prompt must be a string (the reward model scores frames against it).")
         self.s, self.prompt, self.cancel, self.user_on_step = sampler, prompt, cancel, on_step
         cfg, models = sampler.config, sampler.models
-        self.router = Router(sampler.router_config)
+        compat = self.compat = cfg.compat
+        pooled = sampler.pooled_scores if compat.threshold_state == "pooled" else None
+        self.router = Router(sampler.router_config, shared_history=pooled)
         self.partial = False
         self.records: list[BlockRecord] = []
         self.history = BlockHistory()
         self.vae, self.reward = models.vae, models.reward
-        self.vae.reset()
+        self.vae.reset(decoder=compat.vae_decoder)
         self.aux_device = torch.device(getattr(self.vae, "device", "cpu"))
         self.frames = FrameBuffer(pixel_frames_for_blocks(cfg.num_blocks), cfg.height, cfg.width)
         self.noise = NoiseBank(cfg.seed, (1, LATENT_CHANNELS, FRAMES_PER_BLOCK, *cfg.latent_hw), sampler.schedule)
@@ -294,7 +297,7 @@ class _Run:
 
     def score(self, frames: torch.Tensor, timings: dict) -> torch.Tensor:
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            return self.reward.score(frames, self.prompt)
+            return self.reward.score(frames, self.prompt, preprocess=self.compat.reward_preprocess)
 
     def route(self, block: int, frames: torch.Tensor, timings: dict) -> RouteRecord:
         """Score the draft's frames when the router wants scores, and decide."""
@@ -304,7 +307,8 @@ class _Run:
         if not router.can_exit_early:
             return router.decide(block, self.score(frames, timings))
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            return router.decide_streaming(block, self.reward.score_chunks(frames, self.prompt, EARLY_EXIT_CHUNK))
+            chunks = self.reward.score_chunks(frames, self.prompt, EARLY_EXIT_CHUNK, preprocess=self.compat.reward_preprocess)
+            return router.decide_streaming(block, chunks)
 
     def _step_hook(self, block: int, model: str):
         def hook(step: int, num_steps: int) -> None:
@@ -363,6 +367,8 @@ class _Run:
             aggregation=route.aggregation, drafted=drafted, timings=timings, forwards=self.meter.block_forwards(),
         )
         self.records.append(record)
+        if b == 0 and self.compat.dropped_frames:  # the reference shows 6 frames of block 0 (all 9 stay context)
+            out = out[self.compat.dropped_frames:]
         return BlockEvent(b, out, record)
 
     # ---------------------------------------------------------------- end
@@ -373,7 +379,7 @@ class _Run:
 
     def result(self) -> SDVGResult:
         cfg = self.s.config
-        frames = self.frames.finished()
+        frames = self.frames.finished()[cfg.compat.dropped_frames:]
         if cfg.num_frames is not None and not self.partial:
             frames = frames[: cfg.num_frames]
         if cfg.output_dtype == "uint8":
@@ -397,5 +403,6 @@ class _Run:
             "schedule": self.s.schedule,
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,
+            "compat": cfg.compat.to_dict(),
             "router": self.s.router_config.to_dict(),
         }
