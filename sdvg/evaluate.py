@@ -241,10 +241,11 @@ def score_video(reward, frames: torch.Tensor, prompt: str, chunk: int = 16) -> t
 
 
 def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None, *, config, router,
-            out_dir: Path, reference: Mapping[str, str] | None, metrics, embeds, save_video: bool = True) -> dict:
+            out_dir: Path, reference: Mapping[str, str] | None, metrics, embeds, save_video: bool = True,
+            pool: list[float] | None = None) -> dict:
     from .sampler import SpeculativeSampler
 
-    sampler = SpeculativeSampler(models, router, config)
+    sampler = SpeculativeSampler(models, router, config, pooled_scores=pool)  # pool: compat threshold_state pooled
     start = time.perf_counter()
     result = sampler.run(prompt, prompt_embeds=embeds)
     wall = time.perf_counter() - start
@@ -309,6 +310,7 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     done = results.done()
     todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
     written = 0
+    pools: dict[tuple[str, str], list[float]] = {}  # one run-wide score pool per (method, τ) (compat "pooled")
     embeds_cache: dict[int, torch.Tensor] = {}
 
     def embeds_for(pid: int) -> torch.Tensor:
@@ -339,7 +341,8 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
             # random routing at exactly the acceptance reward routing reached: as many accepts, at random blocks
             router = RouterConfig(mode="pattern", pattern=random_pattern(drafted, accepted, seed=pid), seed=pid)
         row = run_row(models, prompts[pid], pid, method, tau, config=config, router=router, out_dir=out,
-                      reference=reference, metrics=metrics, embeds=embeds_for(pid), save_video=save_videos)
+                      reference=reference, metrics=metrics, embeds=embeds_for(pid), save_video=save_videos,
+                      pool=pools.setdefault((method, tau_key(tau)), []))
         results.append(row)
         written += 1
         if log:

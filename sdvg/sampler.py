@@ -51,7 +51,8 @@ class SpeculativeSampler:
     :class:`SDVGResult` (``StopIteration.value``); ``run`` consumes it for you.
     """
 
-    def __init__(self, models: SDVGModels, router: RouterConfig, config: SamplerConfig):
+    def __init__(self, models: SDVGModels, router: RouterConfig, config: SamplerConfig, *,
+                 pooled_scores: list[float] | None = None):
         self.models = models
         self.config = config
         self.router_config = router
@@ -61,7 +62,8 @@ class SpeculativeSampler:
         self.scheduler = FlowMatchScheduler()
         self.schedule = config.step_schedule()
         self.policy = config.cache.policy()
-        self.pooled_scores: list[float] = []  # threshold_state "pooled": target-rate statistics of every run here
+        # threshold_state "pooled": the target-rate statistics of every run of this sampler (or of a caller's pool)
+        self.pooled_scores: list[float] = [] if pooled_scores is None else pooled_scores
 
     # ------------------------------------------------------------------ validation
     def check_inputs(self) -> None:

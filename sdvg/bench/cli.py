@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
+from ..compat import add_compat_args, compat_from_args
 from ..devices import resolve_device, set_cpu_threads
 from ..errors import ConfigError
 from ..jsonable import to_jsonable
@@ -63,6 +64,7 @@ def add_parser(subparsers) -> None:
                    "the memory plan (params, KV bytes, VAE cache bytes); runs nothing")
     p.add_argument("--card-gib", type=float, default=24.0, help="real-size --dry-run: also plan the 14B + 1.3B fit on a "
                    "card of this many GiB with fp8 weights and target-block offload (default 24)")
+    add_compat_args(p, profile_flag="--compat")
     p.set_defaults(func=cmd_bench)
 
 
@@ -83,6 +85,7 @@ def settings_from_args(args) -> BenchSettings:
         warmup=args.warmup if args.warmup is not None else (0 if real else 1),
         levels=_parse_levels(args.levels),
         only=tuple(x.strip() for x in args.only.split(",") if x.strip()),
+        compat=compat_from_args(args),
     )
     for option, value, least in (("--repeats", s.repeats, 1), ("--warmup", s.warmup, 0),
                                  ("--interleave", s.groups_of, 0), ("--blocks", s.blocks, 2)):
@@ -131,7 +134,7 @@ def _cmd_tiny(args, s: BenchSettings) -> int:
         models_dir, created = ensure_tiny()
         _log(f"tiny preset: {models_dir} ({'created' if created else 'cached'})")
     models = load_models(models_dir, dit_device=str(device), aux_device=str(device),
-                         dtype="fp32" if device.type == "cpu" else "auto")
+                         dtype="fp32" if device.type == "cpu" else "auto", pt_weights=s.compat.pt_weights)
     embeds = models.text_encoder.encode(s.prompt)
     _log(f"bench: tiny profile on {device}, {s.blocks} blocks at {s.width}x{s.height}, {s.warmup} warm-up + "
          f"{s.repeats} timed run(s) per row, {s.threads} thread(s)")
@@ -178,7 +181,7 @@ def _cmd_real_size(args, s: BenchSettings) -> int:
     embeds = torch.randn((1, spec.text_len, spec.text_dim), device=device, dtype=spec.dtype, generator=gen)
     plan = memory_plan(models, s)
     # one global warm-up: a scored 2-block run touches every model, kernel and allocator path
-    warm = BenchSettings(**{**asdict(s), "blocks": 2, "repeats": 1, "warmup": 0})
+    warm = replace(s, blocks=2, repeats=1, warmup=0)
     run_once(models, Variant("warm-up", "scored", 0.0), warm, embeds, (False,), device)
     _log(f"warm-up done ({time.perf_counter() - t0:.1f}s since start)")
     extra = {"real_size": {"memory_plan": plan, "build_s": build_s, "approximations": REAL_SIZE_NOTES}}

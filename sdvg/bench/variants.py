@@ -100,6 +100,6 @@ def configs(v: Variant, s, pattern: tuple[bool, ...] | None):
     config = SamplerConfig(
         num_blocks=s.blocks, width=s.width, height=s.height, seed=s.seed,
         cache=CacheConfig(regime=v.regime, window_frames=s.window, sink_frames=s.sinks),
-        schedule=v.schedule, pipelined=v.pipelined, refine_from_step=v.refine_from_step,
+        schedule=v.schedule, pipelined=v.pipelined, refine_from_step=v.refine_from_step, compat=s.compat,
     )
     return router, config
