@@ -77,6 +77,8 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     g.add_argument("--schedule", default="constant", help="constant | diagonal | '1000,750,500,250' | JSON list of lists")
     g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
     g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
+    g.add_argument("--stitch", action="store_true", help="with --refine-from-step K: step stitch, the target continues "
+                   "the drafter's own state at step K (its first K steps are kept; SDVG-hybrid)")
     r = p.add_argument_group("routing")
     r.add_argument("--mode", choices=list(CLI_MODES), default="speculative")
     r.add_argument("--random-rate", type=float, default=0.5, help="accept rate of --mode random")
@@ -89,6 +91,8 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     r.add_argument("--delta", type=float, default=0.5, help="--threshold relative: accept when q ≥ score(block 0) − δ")
     r.add_argument("--no-force-reject-first", action="store_true", help="let block 0 be drafted too")
     r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
+    r.add_argument("--cascade", type=int, default=0, help="SDVG-hybrid cascade scoring: score K spread frames first; "
+                   "one below τ is a safe reject (min, fixed τ; 0 = off)")
     add_compat_args(p, profile_flag=profile_flag)
 
 
@@ -99,7 +103,7 @@ def router_config_from_args(args) -> RouterConfig:
     return RouterConfig(
         mode=mode, tau=args.tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
         target_rate=args.target_rate, delta=args.delta, force_reject_first=not args.no_force_reject_first,
-        random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit,
+        random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit, cascade=getattr(args, "cascade", 0),
         pattern=parse_pattern(args.pattern) if args.pattern is not None else None,
     ).validate()
 
@@ -126,6 +130,7 @@ def sampler_config_from_args(args, tiny: bool, *, default_blocks: int = 7):
         schedule=_parse_schedule(args.schedule),
         pipelined=getattr(args, "pipelined", False),
         refine_from_step=getattr(args, "refine_from_step", None),
+        stitch=getattr(args, "stitch", False),
         num_frames=frames,
         compat=compat_from_args(args),
     ).validate()

@@ -276,7 +276,9 @@ class _Run:
         return block < self.s.config.num_blocks and self.router.forced_target(block) is None
 
     def draft_on(self, block: int, history: BlockHistory, timings: dict) -> Draft:
-        result = self._denoise("drafter", block, history, timings)
+        cfg = self.s.config  # step stitch keeps the drafter's x0 of step k − 1 for a rejecting target
+        keep = cfg.refine_from_step - 1 if cfg.stitch else None
+        result = self._denoise("drafter", block, history, timings, keep_x0_step=keep)
         return Draft(block, result, last_token(history), finite=_finite(result.x0))
 
     def reject_unverifiable(self, draft: Draft) -> RouteRecord:
@@ -306,6 +308,8 @@ class _Run:
         router = self.router
         if not router.needs_scores(block):
             return router.decide(block)
+        if router.cascade_split(int(frames.shape[0])) is not None:  # SDVG-hybrid: a subset of the frames first
+            return router.decide_cascade(block, int(frames.shape[0]), lambda idx: self.score(frames[idx], timings))
         if not router.can_exit_early:
             return router.decide(block, self.score(frames, timings))
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
@@ -342,10 +346,13 @@ class _Run:
         return result
 
     def _regenerate(self, b: int, draft: Draft, timings: dict) -> DenoiseResult:
-        """The target redoes a rejected block from the same noise; refine-on-reject starts mid-way from the draft."""
+        """The target redoes a rejected block from the same noise, or takes over at step k: the state
+        ``renoise(x0, ε_k−1, σ_k)`` from the draft's final x0 (refine-on-reject) or from the drafter's own x0 of step
+        k − 1 (step stitch: exactly the drafter's input of step k, so its first k steps are kept)."""
         k = self.s.config.refine_from_step
         if k is not None and k < len(self.s.schedule[b]):
-            x0 = draft.result.x0.to(self.denoisers["target"].device)
+            src = draft.result.x0_kept if self.s.config.stitch else draft.result.x0
+            x0 = src.to(self.denoisers["target"].device)
             return self._denoise("target", b, self.history, timings, start_step=k, x0_init=x0)
         return self._denoise("target", b, self.history, timings)
 
@@ -405,6 +412,7 @@ class _Run:
             "schedule": self.s.schedule,
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,
+            "stitch": cfg.stitch,
             "compat": cfg.compat.to_dict(),
             "router": self.s.router_config.to_dict(),
         }

@@ -26,6 +26,7 @@ class SamplerConfig:
     schedule: str | Sequence[Sequence[float]] = "constant"
     pipelined: bool = False
     refine_from_step: int | None = None
+    stitch: bool = False  # with refine_from_step k: the target continues the drafter's own step-k state (step stitch)
     num_frames: int | None = None  # trim the output to this many pixel frames
     output_dtype: str = "float"  # "float" ([0,1] float32) or "uint8"
     compat: Compat = field(default_factory=Compat)  # our defaults or the authors' behaviours (compat.py)
@@ -63,6 +64,10 @@ class SamplerConfig:
             optional = name in ("num_frames", "refine_from_step")
             if (value is None and not optional) or (value is not None and (isinstance(value, bool) or not isinstance(value, int))):
                 raise ConfigError(f"{name} must be a whole number{' or None' if optional else ''}, got {value!r}.")
+        if not isinstance(self.stitch, bool):
+            raise ConfigError(f"stitch must be True or False, got {self.stitch!r}.")
+        if self.stitch and self.refine_from_step is None:
+            raise ConfigError("stitch needs refine_from_step = k: the step at which the target takes over the draft.")
         if not isinstance(self.pipelined, bool):
             raise ConfigError(f"pipelined must be True or False, got {self.pipelined!r}.")
         if not isinstance(self.compat, Compat):

@@ -146,7 +146,7 @@ def test_goals_on_a_synthetic_report():
 def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_path, capsys):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     rc = main(["bench", "--models", str(tiny_dir), "--blocks", "3", "--repeats", "1", "--warmup", "0",
-               "--levels", "50", "--only", "baseline,random,scored,pipelined,refine,noisy,diagonal",
+               "--levels", "50", "--only", "baseline,random,scored,pipelined,hybrid,refine,noisy,diagonal",
                "--json", str(out), "--plot", str(png)])
     assert rc == 0
     table = capsys.readouterr().out
@@ -158,7 +158,7 @@ def test_bench_cli_tiny_smallest_run_writes_json_with_every_field(tiny_dir, tmp_
     assert report["cost_model"]["target_over_drafter_forward"] > 0
     names = [r["name"] for r in report["rows"]]
     assert names[:2] == ["target-only", "draft-only"]
-    assert {"random @50%", "scored @50%", "pipelined @50%", "refine@2 @50%", "target-only noisy",
+    assert {"random @50%", "scored @50%", "pipelined @50%", "hybrid @50%", "refine@2 @50%", "target-only noisy",
             "scored noisy @50%", "target-only diagonal", "scored diagonal @50%"} <= set(names)
     fields = {"wall_s", "speedup", "bound", "efficiency", "overhead", "acceptance", "phase_s", "calls", "predicted_s",
               "peak_rss_bytes", "cuda_peak_bytes", "kv_cache_bytes", "vae_cache_bytes", "vae_snapshot_bytes",

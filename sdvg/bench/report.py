@@ -49,7 +49,8 @@ def row_basics(v, runs: list[RunMeasure], pattern, models, s, result) -> dict:
     if not v.pipelined and v.router in ("random", "scored"):
         policy = CacheConfig(v.regime, window_frames=s.window, sink_frames=s.sinks).policy()
         model_calls = pattern_counts(realized, steps=[len(x) for x in result.settings["schedule"]], policy=policy,
-                                     scored=v.router == "scored", refine_from_step=v.refine_from_step)
+                                     scored=v.router == "scored", refine_from_step=v.refine_from_step,
+                                     cascade=bool(v.cascade))
     latent_hw = (s.height // 8, s.width // 8)
     kv = {}
     for name in ("target", "drafter"):
@@ -60,6 +61,7 @@ def row_basics(v, runs: list[RunMeasure], pattern, models, s, result) -> dict:
     return {
         "name": v.name, "group": v.group, "router": v.router, "level": v.level, "regime": v.regime,
         "schedule": v.schedule, "pipelined": v.pipelined, "refine_from_step": v.refine_from_step,
+        "cascade": v.cascade, "stitch": v.stitch,
         "pattern_expected": list(pattern) if pattern is not None else None,
         "pattern_realized": realized if v.level is not None else None,
         "pattern_ok": (list(pattern) == realized) if pattern is not None else None,
