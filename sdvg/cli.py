@@ -160,7 +160,8 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--out", required=True, help="output folder (results.csv, summary.csv, pareto.png, videos/); "
                    "rerun with the same folder to resume")
     p.add_argument("--taus", default=",".join(f"{t:g}" for t in DEFAULT_TAUS), help="τ sweep (default -2.5,-1.5,-0.7,-0.2)")
-    p.add_argument("--methods", default="target-only,draft-only,sdvg,random", help="subset of the four methods")
+    p.add_argument("--methods", default="target-only,draft-only,target0-draft,sdvg,random",
+                   help="subset of the five methods (target0-draft: block 0 by the target, the rest drafted)")
     p.add_argument("--metric", action="append", default=[], help="external video metric module:callable "
                    "(repeatable); e.g. sdvg.evaluate:temporal_flicker")
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
