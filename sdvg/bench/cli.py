@@ -37,8 +37,10 @@ def add_parser(subparsers) -> None:
         "bench", help="speed benchmark: target-only, draft-only, forced acceptance sweep, variants, cost-model bound",
         description=bench_doc.split("\n\n")[0],
     )
-    p.add_argument("--profile", choices=["tiny", "real-size"], default="tiny",
-                   help="tiny: the tiny preset on the CPU (default); real-size: random weights at the real 1.3B/14B, "
+    p.add_argument("--profile", choices=["tiny", "paper-ratio", "real-size"], default="tiny",
+                   help="tiny: the tiny preset on the CPU (default); paper-ratio: CPU DiTs sized so a target forward "
+                        "costs ~10 drafter forwards and decode/score are small next to it, as at real size "
+                        "(sdvg/fixtures/paper_ratio.py); real-size: random weights at the real 1.3B/14B, "
                         "VAE and ImageReward shapes, 832×480, bf16, on a GPU")
     p.add_argument("--device", default=None, help="tiny: cpu (default); real-size: cuda (default)")
     p.add_argument("--blocks", type=int, default=None, help="blocks per video (tiny 9, real-size 5: 8 / 4 drafted "
@@ -73,12 +75,15 @@ def _log(msg: str) -> None:
 
 
 def settings_from_args(args) -> BenchSettings:
+    from ..fixtures.paper_ratio import PAPER_RATIO_WIDTH
+
     real = args.profile == "real-size"
+    small = PAPER_RATIO_WIDTH if args.profile == "paper-ratio" else 64
     s = BenchSettings(
         profile=args.profile,
         blocks=args.blocks if args.blocks is not None else (5 if real else 9),
-        width=args.width if args.width is not None else (REAL_WIDTH if real else 64),
-        height=args.height if args.height is not None else (REAL_HEIGHT if real else 64),
+        width=args.width if args.width is not None else (REAL_WIDTH if real else small),
+        height=args.height if args.height is not None else (REAL_HEIGHT if real else small),
         seed=args.seed,
         repeats=args.repeats if args.repeats is not None else (1 if real else 5),
         interleave=args.interleave,
@@ -124,6 +129,7 @@ def _json_default(obj):
 
 
 def _cmd_tiny(args, s: BenchSettings) -> int:
+    from ..fixtures.paper_ratio import ensure_paper_ratio
     from ..fixtures.tiny import ensure_tiny
     from ..pipeline import load_models
 
@@ -131,12 +137,13 @@ def _cmd_tiny(args, s: BenchSettings) -> int:
     s.threads = set_cpu_threads(args.threads, 1 if device.type == "cpu" else None)
     models_dir = args.models
     if models_dir is None:
-        models_dir, created = ensure_tiny()
-        _log(f"tiny preset: {models_dir} ({'created' if created else 'cached'})")
+        ensure = ensure_paper_ratio if s.profile == "paper-ratio" else ensure_tiny
+        models_dir, created = ensure()
+        _log(f"{s.profile} preset: {models_dir} ({'created' if created else 'cached'})")
     models = load_models(models_dir, dit_device=str(device), aux_device=str(device),
                          dtype="fp32" if device.type == "cpu" else "auto", pt_weights=s.compat.pt_weights)
     embeds = models.text_encoder.encode(s.prompt)
-    _log(f"bench: tiny profile on {device}, {s.blocks} blocks at {s.width}x{s.height}, {s.warmup} warm-up + "
+    _log(f"bench: {s.profile} profile on {device}, {s.blocks} blocks at {s.width}x{s.height}, {s.warmup} warm-up + "
          f"{s.repeats} timed run(s) per row, {s.threads} thread(s)")
     _emit(run_bench(models, s, device=device, embeds=embeds, log=_log), args)
     return 0

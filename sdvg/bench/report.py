@@ -304,6 +304,9 @@ def format_table(report: dict) -> str:
     lines.append("per-call median (recompute): " + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in rec.items() if v))
     ratio = cm["target_over_drafter_forward"]
     lines.append(f"target/drafter forward cost ratio: {ratio:.1f}×" if ratio else "target/drafter ratio: n/a")
+    if rec.get("target"):
+        lines.append("per-call cost / a target forward: " + ", ".join(
+            f"{k} {rec[k] / rec['target']:.3f}" for k in ("drafter", "decode", "score", "encode") if rec.get(k)))
     lines += _goal_lines(report["goals"])
     m = report["machine"]
     lines.append(f"machine: {m['device']}, {m['cpu_count']} CPUs, torch {m['torch']}, {m['torch_threads']} intra-op thread(s)")

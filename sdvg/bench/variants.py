@@ -42,12 +42,17 @@ class Variant:
 
 
 def default_variants(profile: str = "tiny", levels: Sequence[float] = LEVELS) -> list[Variant]:
-    """The default rows. ``tiny``: everything; ``real-size``: the scored (real-cost) rows only."""
+    """The default rows. ``tiny``: everything; ``real-size``: the scored (real-cost) rows only; ``paper-ratio``: the
+    scored and the hybrid rows."""
     pct = {lv: f"{round(lv * 100)}%" for lv in levels}
     rows = [
         Variant("target-only", "target-only", group="baseline"),
         Variant("draft-only", "draft-only", group="baseline"),
     ]
+    if profile == "paper-ratio":
+        return [*rows, *(Variant(f"scored @{pct[lv]}", "scored", lv, group="scored") for lv in levels),
+                *(Variant(f"hybrid @{pct[lv]}", "scored", lv, refine_from_step=HYBRID_STITCH_STEP,
+                          cascade=HYBRID_CASCADE, stitch=True, group="hybrid") for lv in levels)]
     if profile == "tiny":
         rows += [Variant(f"random @{pct[lv]}", "random", lv, group="random") for lv in levels]
     rows += [Variant(f"scored @{pct[lv]}", "scored", lv, group="scored") for lv in levels]
