@@ -288,7 +288,6 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
              metrics: Sequence[tuple[str, Callable]] = (), max_rows: int | None = None, save_videos: bool = True,
              warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}."""
-    from .router import RouterConfig, random_pattern
     from .sampler import SamplerConfig
 
     _check_inputs(models, prompts, taus, methods, max_rows)
@@ -301,54 +300,77 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     done = results.done()
     todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
     written = 0
-    pools: dict[tuple[str, str], list[float]] = {}  # one run-wide score pool per (method, τ) (compat "pooled")
-    embeds_cache: dict[int, torch.Tensor] = {}
-
-    def embeds_for(pid: int) -> torch.Tensor:
-        if pid not in embeds_cache:
-            embeds_cache.clear()
-            embeds_cache[pid] = models.text_encoder.encode(prompts[pid])
-        return embeds_cache[pid]
-
+    runner = PromptRunner(models, config, out, metrics=metrics, save_videos=save_videos, log=log)
     if todo and warmup:
-        _warm_up(models, config, prompts[todo[0][0]], embeds_for(todo[0][0]))
-    for pid, method, tau in todo:
+        runner.warm_up(prompts[todo[0][0]])
+    for pid in dict.fromkeys(r[0] for r in todo):
         if max_rows is not None and written >= max_rows:
             break
-        reference = results.find(pid, "target-only", None)
-        if method == "target-only":
-            router = RouterConfig(mode="target-only")
-        elif method == "draft-only":
-            router = RouterConfig(mode="draft-only")
-        elif method == "target0-draft":  # block 0 is the target's (force_reject_first), every drafted block accepted
-            router = RouterConfig(mode="pattern", pattern=(True,) * (config.num_blocks - 1))
-        elif method == "sdvg":
-            router = RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed")
-        else:
-            matched = results.find(pid, "sdvg", tau)
-            if matched is None:
-                if log:
-                    log(f"  skip p{pid} random τ={tau_key(tau)}: no sdvg row at that τ to match")
-                continue
-            accepted, drafted = int(matched["accepted"]), int(matched["drafted"])
-            # random routing at exactly the acceptance reward routing reached: as many accepts, at random blocks
-            router = RouterConfig(mode="pattern", pattern=random_pattern(drafted, accepted, seed=pid), seed=pid)
-        row = run_row(models, prompts[pid], pid, method, tau, config=config, router=router, out_dir=out,
-                      reference=reference, metrics=metrics, embeds=embeds_for(pid), save_video=save_videos,
-                      pool=pools.setdefault((method, tau_key(tau)), []))
-        results.append(row)
-        written += 1
-        if log:
-            acc = row["acceptance"]
-            log(f"  p{pid} {method:11s} τ={tau_key(tau) or '—':5s} wall {row['wall_s']:.2f}s "
-                f"speedup {row['speedup'] or 0:.2f}× acc {'—' if acc is None else f'{acc:.0%}'} "
-                f"IR mean {row['ir_mean']:+.3f} min {row['ir_min']:+.3f}")
+        mine = [r for r in todo if r[0] == pid]
+        rows = runner.rows(pid, prompts[pid], mine, [r for r in results.rows if r["prompt_id"] == str(pid)])
+        for row in rows:
+            results.append(row)
+            written += 1
+            if max_rows is not None and written >= max_rows:
+                rows.close()
+                break
     complete = results.done() >= {(str(p), m, tau_key(t)) for p, m, t in plan}
     summary = summarize(results.rows)
     write_summary(summary, out / SUMMARY)
     render_pareto(summary, out / PARETO)
     return {"written": written, "skipped": len(plan) - len(todo), "complete": complete, "summary": summary,
             "results": str(out / RESULTS)}
+
+
+class PromptRunner:
+    """Runs the missing rows of one prompt at a time on loaded models, in plan order (target-only first: the later
+    rows' speedups refer to it; random after sdvg: it matches sdvg's acceptance). The single-process evaluation and
+    each Ray actor (``eval_ray.py``) use it. ``pools``: the run-wide target-rate score pools (compat "pooled")."""
+
+    def __init__(self, models, config, out: Path, *, metrics=(), save_videos: bool = True, log=None) -> None:
+        self.models, self.config, self.out, self.metrics = models, config, out, metrics
+        self.save_videos, self.log = save_videos, log
+        self.pools: dict[tuple[str, str], list[float]] = {}
+
+    def warm_up(self, prompt: str) -> None:
+        _warm_up(self.models, self.config, prompt, self.models.text_encoder.encode(prompt))
+
+    def router(self, pid: int, method: str, tau: float | None, known: Mapping[tuple[str, str], Mapping[str, str]]):
+        from .router import RouterConfig, random_pattern
+
+        if method in ("target-only", "draft-only"):
+            return RouterConfig(mode=method)
+        if method == "target0-draft":  # block 0 is the target's (force_reject_first), every drafted block accepted
+            return RouterConfig(mode="pattern", pattern=(True,) * (self.config.num_blocks - 1))
+        if method == "sdvg":
+            return RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed")
+        matched = known.get(("sdvg", tau_key(tau)))
+        if matched is None:
+            return None
+        accepted, drafted = int(matched["accepted"]), int(matched["drafted"])
+        # random routing at exactly the acceptance reward routing reached: as many accepts, at random blocks
+        return RouterConfig(mode="pattern", pattern=random_pattern(drafted, accepted, seed=pid), seed=pid)
+
+    def rows(self, pid: int, prompt: str, todo, done_rows: Sequence[Mapping[str, str]]):
+        """Yield the new rows of prompt ``pid`` (``todo``: its (pid, method, τ) rows not yet in ``done_rows``)."""
+        known = {(r["method"], r["tau"]): r for r in done_rows}
+        embeds = self.models.text_encoder.encode(prompt)
+        for _, method, tau in todo:
+            router = self.router(pid, method, tau, known)
+            if router is None:
+                if self.log:
+                    self.log(f"  skip p{pid} random τ={tau_key(tau)}: no sdvg row at that τ to match")
+                continue
+            row = run_row(self.models, prompt, pid, method, tau, config=self.config, router=router, out_dir=self.out,
+                          reference=known.get(("target-only", "")), metrics=self.metrics, embeds=embeds,
+                          save_video=self.save_videos, pool=self.pools.setdefault((method, tau_key(tau)), []))
+            known[(method, tau_key(tau))] = {k: _cell(v) for k, v in row.items()}
+            if self.log:
+                acc = row["acceptance"]
+                self.log(f"  p{pid} {method:13s} τ={tau_key(tau) or '—':5s} wall {row['wall_s']:.2f}s "
+                         f"speedup {row['speedup'] or 0:.2f}× acc {'—' if acc is None else f'{acc:.0%}'} "
+                         f"IR mean {row['ir_mean']:+.3f} min {row['ir_min']:+.3f}")
+            yield row
 
 
 def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows) -> None:

@@ -222,3 +222,14 @@ def test_bootstrap_interval_is_seeded_and_covers_the_mean():
     assert draft["speedup_lo"] < draft["speedup"] < draft["speedup_hi"]
     assert draft["ir_mean_lo"] == draft["ir_mean"] == draft["ir_mean_hi"] == 0.5  # no spread, no width
     assert draft["ir_retention"] is None and draft["ir_retention_lo"] is None
+
+
+def test_eval_ray_without_the_extra_names_it(tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("ray is installed here")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a fox\n", encoding="utf-8")
+    assert main(["eval", "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--ray", "auto"]) == 2
+    assert "pip install '.[ray]'" in capsys.readouterr().err
