@@ -162,16 +162,18 @@ class BlockDenoiser:
     def denoise(
         self, block: int, noise: BlockNoise, timesteps: list[float], *, start_step: int = 0,
         x0_init: torch.Tensor | None = None, on_step: Callable[[int, int], None] | None = None,
+        keep_x0_step: int | None = None,
     ) -> DenoiseResult:
         """Few-step denoise of one block from ``noise`` (or refine from ``x0_init`` at ``start_step``).
 
         ``on_step(i, n)`` runs before each denoising call (not before the recompute context refill); an exception
-        it raises (``CancelledError``) propagates. ``forwards`` in the result includes the refill.
+        it raises (``CancelledError``) propagates. ``forwards`` in the result includes the refill. ``keep_x0_step``:
+        the result keeps that step's x0 prediction (``x0_kept``; step stitch hands it to the target).
         """
         self._require_started()
         n = self._check_denoise_args(block, noise, timesteps, start_step, x0_init)
         before = self.forwards
-        sigmas = [self.scheduler.sigma_of(t) for t in timesteps]
+        sigmas = [self.scheduler.step_sigma(t) for t in timesteps]
         with torch.inference_mode():
             frame = self.policy.place_block(self, block)
             if start_step == 0:
@@ -179,13 +181,17 @@ class BlockDenoiser:
             else:
                 x = renoise(self.prep(x0_init), self.prep(noise.renoise[start_step - 1]), sigmas[start_step])
             x0 = x
+            kept = None
             for i in range(start_step, n):
                 if on_step is not None:
                     on_step(i, n)
                 v = self.call(x, timesteps[i], frame)
                 x0 = to_x0(x, v, sigmas[i])
+                if i == keep_x0_step:
+                    kept = x0
                 if i < n - 1:
                     x = renoise(x0, self.prep(noise.renoise[i]), sigmas[i + 1])
-        result = DenoiseResult(x0=x0, last_noisy=x, last_t=float(timesteps[n - 1]), forwards=self.forwards - before)
+        result = DenoiseResult(x0=x0, last_noisy=x, last_t=float(timesteps[n - 1]), forwards=self.forwards - before,
+                               x0_kept=kept)
         self.policy.after_denoise(self, block, result.token)
         return result

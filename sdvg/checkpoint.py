@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ModelFileError
+from .errors import ConfigError, ModelFileError
 from .file_checks import SAFETENSORS_SUFFIXES, check_not_foreign, format_hint
 from .safetensors_io import read_safetensors, read_safetensors_header
 
@@ -116,14 +116,18 @@ class Checkpoint:
     others: list[str] = field(default_factory=list)  # top-level entries that are neither weights nor config
 
 
-def unwrap_state_dict(obj: Any, path: Path) -> Checkpoint:
+def unwrap_state_dict(obj: Any, path: Path, *, pt_weights: str = "ema") -> Checkpoint:
     """The weights of a loaded pickle: a plain state dict, or the first :data:`TRAINING_DICT_KEYS` entry holding
-    tensors (``generator_ema`` before ``generator``), plus the optional ``config`` dict beside them."""
+    tensors (``generator_ema`` before ``generator``; ``pt_weights="generator"``: the other way round, as the SDVG
+    authors' loader), plus the optional ``config`` dict beside them."""
     if not isinstance(obj, dict):
         raise ModelFileError(f"{path}: the checkpoint holds a {type(obj).__name__}, not a dict of tensors.")
     config = dict(obj["config"]) if isinstance(obj.get("config"), dict) else {}
     inner, entry = obj, None
-    for name in TRAINING_DICT_KEYS:
+    if pt_weights not in ("ema", "generator"):
+        raise ConfigError(f"pt_weights must be 'ema' or 'generator', got {pt_weights!r}.")
+    order = TRAINING_DICT_KEYS if pt_weights == "ema" else ("generator", *(k for k in TRAINING_DICT_KEYS if k != "generator"))
+    for name in order:
         cand = obj.get(name)
         if isinstance(cand, dict) and any(torch.is_tensor(v) for v in cand.values()):
             inner, entry = cand, name

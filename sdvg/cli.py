@@ -160,7 +160,8 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--out", required=True, help="output folder (results.csv, summary.csv, pareto.png, videos/); "
                    "rerun with the same folder to resume")
     p.add_argument("--taus", default=",".join(f"{t:g}" for t in DEFAULT_TAUS), help="τ sweep (default -2.5,-1.5,-0.7,-0.2)")
-    p.add_argument("--methods", default="target-only,draft-only,sdvg,random", help="subset of the four methods")
+    p.add_argument("--methods", default="target-only,draft-only,target0-draft,sdvg,random",
+                   help="subset of the five methods (target0-draft: block 0 by the target, the rest drafted)")
     p.add_argument("--metric", action="append", default=[], help="external video metric module:callable "
                    "(repeatable); e.g. sdvg.evaluate:temporal_flicker")
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
@@ -174,6 +175,12 @@ def add_eval_parser(subparsers) -> None:
     g.add_argument("--seed", type=int, default=0)
     cli_args.add_cache_args(g)
     g.add_argument("--schedule", default="constant")
+    cli_args.add_compat_args(p)
+    r = p.add_argument_group("Ray (optional extra: pip install '.[ray]')")
+    r.add_argument("--ray", default=None, metavar="auto|ADDRESS", help="run prompts as tasks on a Ray cluster, one "
+                   "actor per GPU holding the models (auto: RAY_ADDRESS or a local cluster)")
+    r.add_argument("--ray-actors", type=int, default=None, help="actors to start (default: one per GPU, else 1)")
+    r.add_argument("--ray-retries", type=int, default=2, help="tries again for a failed prompt before reporting it")
     p.set_defaults(func=cmd_eval)
 
 
@@ -207,9 +214,15 @@ def cmd_eval(args) -> int:
     taus = parse_taus(args.taus)
     prompts = read_prompts(args.prompts)[: args.limit] if args.limit else read_prompts(args.prompts)
     check_out_dir(args.out)
+    if args.ray:
+        from .eval_ray import import_ray
+
+        import_ray()  # a missing extra is named before anything loads
     metrics = [load_metric(spec) for spec in args.metric]
     source = cli_args.model_source(args, log=log)
     config = cli_args.sampler_config_from_args(args, source.tiny, default_blocks=3 if source.tiny else 7)
+    if args.ray:
+        return _eval_on_ray(args, source, config, prompts, taus, methods, log)
     models = cli_args.load_from_source(source, args, need=cli_args.ROLES)
     dev = models.target_device
     set_cpu_threads(getattr(args, "threads", None), 1 if dev is not None and dev.type == "cpu" else None)
@@ -221,6 +234,25 @@ def cmd_eval(args) -> int:
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
     return 0
+
+
+def _eval_on_ray(args, source, config, prompts, taus, methods, log) -> int:
+    from .compat import compat_from_args
+    from .eval_ray import evaluate_ray
+    from .evaluate import format_summary
+
+    if args.ray_actors is not None and args.ray_actors < 1:
+        raise ConfigError(f"--ray-actors must be at least 1, got {args.ray_actors}.")
+    load_kwargs = {"models_dir": source.models_dir, **source.files, "need": cli_args.ROLES, "dit_device": args.device,
+                   "aux_device": args.aux_device or args.device, "dtype": args.dtype,
+                   "pt_weights": compat_from_args(args).pt_weights, "threads": getattr(args, "threads", None)}
+    res = evaluate_ray(args.ray, load_kwargs, prompts, args.out, taus=taus, methods=methods, sampler_config=config,
+                       metric_specs=args.metric, actors=args.ray_actors, retries=args.ray_retries,
+                       save_videos=not args.no_videos, log=log)
+    sys.stdout.write(format_summary(res["summary"]) + "\n")  # CLI output of the command
+    state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
+    log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
+    return EXIT_ERROR if res["failed"] else 0
 
 
 def cmd_inspect(args) -> int:

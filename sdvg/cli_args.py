@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .blocks import blocks_for_frames
+from .compat import add_compat_args, compat_from_args
 from .devices import DIT_DTYPES
 from .errors import ConfigError
 from .regimes import FIRST_FRAME_SOURCES, REGIMES, CacheConfig
@@ -64,7 +65,7 @@ def add_cache_args(g) -> None:
                    help="recompute regime: first context frame = an old pixel frame re-encoded (Krea) or latent 0")
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
+def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--profile") -> None:
     g = p.add_argument_group("sampling")
     size = g.add_mutually_exclusive_group()
     size.add_argument("--blocks", type=int, help="number of 3-latent-frame blocks (default 7; 12·blocks−3 frames)")
@@ -76,6 +77,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--schedule", default="constant", help="constant | diagonal | '1000,750,500,250' | JSON list of lists")
     g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
     g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
+    g.add_argument("--stitch", action="store_true", help="with --refine-from-step K: step stitch, the target continues "
+                   "the drafter's own state at step K (its first K steps are kept; SDVG-hybrid)")
     r = p.add_argument_group("routing")
     r.add_argument("--mode", choices=list(CLI_MODES), default="speculative")
     r.add_argument("--random-rate", type=float, default=0.5, help="accept rate of --mode random")
@@ -88,6 +91,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--delta", type=float, default=0.5, help="--threshold relative: accept when q ≥ score(block 0) − δ")
     r.add_argument("--no-force-reject-first", action="store_true", help="let block 0 be drafted too")
     r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
+    r.add_argument("--cascade", type=int, default=0, help="SDVG-hybrid cascade scoring: score K spread frames first; "
+                   "one below τ is a safe reject (min, fixed τ; 0 = off)")
+    add_compat_args(p, profile_flag=profile_flag)
 
 
 def router_config_from_args(args) -> RouterConfig:
@@ -97,7 +103,7 @@ def router_config_from_args(args) -> RouterConfig:
     return RouterConfig(
         mode=mode, tau=args.tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
         target_rate=args.target_rate, delta=args.delta, force_reject_first=not args.no_force_reject_first,
-        random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit,
+        random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit, cascade=getattr(args, "cascade", 0),
         pattern=parse_pattern(args.pattern) if args.pattern is not None else None,
     ).validate()
 
@@ -124,7 +130,9 @@ def sampler_config_from_args(args, tiny: bool, *, default_blocks: int = 7):
         schedule=_parse_schedule(args.schedule),
         pipelined=getattr(args, "pipelined", False),
         refine_from_step=getattr(args, "refine_from_step", None),
+        stitch=getattr(args, "stitch", False),
         num_frames=frames,
+        compat=compat_from_args(args),
     ).validate()
 
 
@@ -182,4 +190,5 @@ def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
 
     return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
                        aux_device=args.aux_device or args.device, dtype=args.dtype, loras=source.loras,
-                       offload=source.offload, text_device=getattr(args, "text_encoder_device", None))
+                       offload=source.offload, text_device=getattr(args, "text_encoder_device", None),
+                       pt_weights=compat_from_args(args).pt_weights)

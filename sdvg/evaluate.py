@@ -4,10 +4,13 @@ For every prompt (one per line; blank lines and lines starting with ``#`` are sk
 
 1. ``target-only`` — the reference for speed and quality;
 2. ``draft-only``;
-3. ``sdvg`` at every τ of ``--taus`` (reward routing, worst-frame ImageReward vs τ);
-4. ``random`` at matched acceptance for every τ: exactly as many accepted drafts as ``sdvg`` at that τ accepted on the
-   same prompt, at blocks drawn at random (the router's ``pattern`` mode; ``router_seed`` is the draw's seed), so
-   reward routing is compared with random routing at equal cost.
+3. ``target0-draft``: block 0 by the target, every later block the drafter's, nothing scored: the cheapest way to
+   keep the target's composition, the baseline that reward routing must beat to earn its scoring cost;
+4. ``sdvg`` at every τ of ``--taus`` (reward routing, worst-frame ImageReward vs τ);
+5. ``random`` at matched acceptance for every τ, **block 0 protected** (the target's, as in ``sdvg``): exactly as many
+   accepted drafts as ``sdvg`` at that τ accepted on the same prompt, at blocks drawn at random (the router's
+   ``pattern`` mode; ``router_seed`` is the draw's seed), so reward routing is compared with random routing at equal
+   cost.
 
 Each row: wall time, speedup (target-only wall / row wall, same prompt, same process), acceptance, the ImageReward
 of every output frame against the prompt (mean and min), retention relative to target-only (mean ImageReward ratio,
@@ -15,7 +18,8 @@ only defined when the target-only mean is positive: ImageReward is a z-score and
 ``ir_delta`` is reported too), and any external metrics. Videos go to ``<out>/videos/`` (written to a temporary file
 and renamed, so a video is either complete or absent), rows to ``<out>/results.csv`` (appended and fsynced one row at
 a time). Rerunning with the same ``--out`` skips every finished (prompt, method, τ) row: an interrupted evaluation
-loses at most the row in progress. ``summary.csv`` and the Pareto plot ``pareto.png`` are rewritten at the end.
+loses at most the row in progress. ``summary.csv`` (means with bootstrap 95 % intervals over prompts, seeded, for the
+speedup and the quality columns) and the Pareto plot ``pareto.png`` are rewritten at the end (``eval_summary.py``).
 
 External video metrics (VisionReward, VBench, …) plug in with ``--metric module:callable`` (repeatable). The callable
 (or a class, instantiated without arguments) follows :class:`VideoMetric`: it gets the output frames ``[F, H, W, 3]``
@@ -30,7 +34,6 @@ import importlib
 import logging
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,8 +42,10 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from .errors import ConfigError
+from .eval_summary import METRIC_PREFIX, format_summary, render_pareto, summarize, write_summary
+from .eval_summary import cell as _cell
+from .eval_summary import num as _num
 from .file_checks import broken_link
-from .outputs import write_atomic
 from .video import write_mp4
 
 logger = logging.getLogger(__name__)
@@ -53,8 +58,8 @@ BASE_COLUMNS = (
     "prompt_id", "method", "tau", "prompt", "seed", "blocks", "wall_s", "speedup", "acceptance", "accepted",
     "drafted", "pattern", "ir_mean", "ir_min", "ir_retention", "ir_delta", "router_seed", "video",
 )
-METRIC_PREFIX = "m_"
-METHODS = ("target-only", "draft-only", "sdvg", "random")
+METHODS = ("target-only", "draft-only", "target0-draft", "sdvg", "random")
+__all__ = ["METHODS", "evaluate", "format_summary", "render_pareto", "summarize", "write_summary"]
 
 
 @runtime_checkable
@@ -211,21 +216,6 @@ class ResultsFile:
         self.rows.append({c: _cell(row.get(c)) for c in self.columns})
 
 
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else repr(round(value, 6))
-    return str(value)
-
-
-def _num(text: str | None) -> float | None:
-    try:
-        return None if text in (None, "") else float(text)
-    except ValueError:
-        return None
-
-
 # ----------------------------------------------------------------------------------------------------------
 # one row
 
@@ -241,10 +231,11 @@ def score_video(reward, frames: torch.Tensor, prompt: str, chunk: int = 16) -> t
 
 
 def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None, *, config, router,
-            out_dir: Path, reference: Mapping[str, str] | None, metrics, embeds, save_video: bool = True) -> dict:
+            out_dir: Path, reference: Mapping[str, str] | None, metrics, embeds, save_video: bool = True,
+            pool: list[float] | None = None) -> dict:
     from .sampler import SpeculativeSampler
 
-    sampler = SpeculativeSampler(models, router, config)
+    sampler = SpeculativeSampler(models, router, config, pooled_scores=pool)  # pool: compat threshold_state pooled
     start = time.perf_counter()
     result = sampler.run(prompt, prompt_embeds=embeds)
     wall = time.perf_counter() - start
@@ -283,10 +274,11 @@ def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None,
 
 
 def plan_rows(n_prompts: int, taus: Sequence[float], methods: Sequence[str]) -> list[tuple[int, str, float | None]]:
-    """The (prompt id, method, τ) rows in run order: per prompt target-only, draft-only, sdvg τ…, random τ…."""
+    """The (prompt id, method, τ) rows in run order: per prompt target-only, draft-only, target0-draft, sdvg τ…,
+    random τ…."""
     rows = []
     for pid in range(n_prompts):
-        rows += [(pid, m, None) for m in ("target-only", "draft-only") if m in methods]
+        rows += [(pid, m, None) for m in ("target-only", "draft-only", "target0-draft") if m in methods]
         rows += [(pid, m, t) for m in ("sdvg", "random") if m in methods for t in taus]
     return rows
 
@@ -296,7 +288,6 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
              metrics: Sequence[tuple[str, Callable]] = (), max_rows: int | None = None, save_videos: bool = True,
              warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}."""
-    from .router import RouterConfig, random_pattern
     from .sampler import SamplerConfig
 
     _check_inputs(models, prompts, taus, methods, max_rows)
@@ -309,50 +300,77 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     done = results.done()
     todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
     written = 0
-    embeds_cache: dict[int, torch.Tensor] = {}
-
-    def embeds_for(pid: int) -> torch.Tensor:
-        if pid not in embeds_cache:
-            embeds_cache.clear()
-            embeds_cache[pid] = models.text_encoder.encode(prompts[pid])
-        return embeds_cache[pid]
-
+    runner = PromptRunner(models, config, out, metrics=metrics, save_videos=save_videos, log=log)
     if todo and warmup:
-        _warm_up(models, config, prompts[todo[0][0]], embeds_for(todo[0][0]))
-    for pid, method, tau in todo:
+        runner.warm_up(prompts[todo[0][0]])
+    for pid in dict.fromkeys(r[0] for r in todo):
         if max_rows is not None and written >= max_rows:
             break
-        reference = results.find(pid, "target-only", None)
-        if method == "target-only":
-            router = RouterConfig(mode="target-only")
-        elif method == "draft-only":
-            router = RouterConfig(mode="draft-only")
-        elif method == "sdvg":
-            router = RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed")
-        else:
-            matched = results.find(pid, "sdvg", tau)
-            if matched is None:
-                if log:
-                    log(f"  skip p{pid} random τ={tau_key(tau)}: no sdvg row at that τ to match")
-                continue
-            accepted, drafted = int(matched["accepted"]), int(matched["drafted"])
-            # random routing at exactly the acceptance reward routing reached: as many accepts, at random blocks
-            router = RouterConfig(mode="pattern", pattern=random_pattern(drafted, accepted, seed=pid), seed=pid)
-        row = run_row(models, prompts[pid], pid, method, tau, config=config, router=router, out_dir=out,
-                      reference=reference, metrics=metrics, embeds=embeds_for(pid), save_video=save_videos)
-        results.append(row)
-        written += 1
-        if log:
-            acc = row["acceptance"]
-            log(f"  p{pid} {method:11s} τ={tau_key(tau) or '—':5s} wall {row['wall_s']:.2f}s "
-                f"speedup {row['speedup'] or 0:.2f}× acc {'—' if acc is None else f'{acc:.0%}'} "
-                f"IR mean {row['ir_mean']:+.3f} min {row['ir_min']:+.3f}")
+        mine = [r for r in todo if r[0] == pid]
+        rows = runner.rows(pid, prompts[pid], mine, [r for r in results.rows if r["prompt_id"] == str(pid)])
+        for row in rows:
+            results.append(row)
+            written += 1
+            if max_rows is not None and written >= max_rows:
+                rows.close()
+                break
     complete = results.done() >= {(str(p), m, tau_key(t)) for p, m, t in plan}
     summary = summarize(results.rows)
     write_summary(summary, out / SUMMARY)
     render_pareto(summary, out / PARETO)
     return {"written": written, "skipped": len(plan) - len(todo), "complete": complete, "summary": summary,
             "results": str(out / RESULTS)}
+
+
+class PromptRunner:
+    """Runs the missing rows of one prompt at a time on loaded models, in plan order (target-only first: the later
+    rows' speedups refer to it; random after sdvg: it matches sdvg's acceptance). The single-process evaluation and
+    each Ray actor (``eval_ray.py``) use it. ``pools``: the run-wide target-rate score pools (compat "pooled")."""
+
+    def __init__(self, models, config, out: Path, *, metrics=(), save_videos: bool = True, log=None) -> None:
+        self.models, self.config, self.out, self.metrics = models, config, out, metrics
+        self.save_videos, self.log = save_videos, log
+        self.pools: dict[tuple[str, str], list[float]] = {}
+
+    def warm_up(self, prompt: str) -> None:
+        _warm_up(self.models, self.config, prompt, self.models.text_encoder.encode(prompt))
+
+    def router(self, pid: int, method: str, tau: float | None, known: Mapping[tuple[str, str], Mapping[str, str]]):
+        from .router import RouterConfig, random_pattern
+
+        if method in ("target-only", "draft-only"):
+            return RouterConfig(mode=method)
+        if method == "target0-draft":  # block 0 is the target's (force_reject_first), every drafted block accepted
+            return RouterConfig(mode="pattern", pattern=(True,) * (self.config.num_blocks - 1))
+        if method == "sdvg":
+            return RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed")
+        matched = known.get(("sdvg", tau_key(tau)))
+        if matched is None:
+            return None
+        accepted, drafted = int(matched["accepted"]), int(matched["drafted"])
+        # random routing at exactly the acceptance reward routing reached: as many accepts, at random blocks
+        return RouterConfig(mode="pattern", pattern=random_pattern(drafted, accepted, seed=pid), seed=pid)
+
+    def rows(self, pid: int, prompt: str, todo, done_rows: Sequence[Mapping[str, str]]):
+        """Yield the new rows of prompt ``pid`` (``todo``: its (pid, method, τ) rows not yet in ``done_rows``)."""
+        known = {(r["method"], r["tau"]): r for r in done_rows}
+        embeds = self.models.text_encoder.encode(prompt)
+        for _, method, tau in todo:
+            router = self.router(pid, method, tau, known)
+            if router is None:
+                if self.log:
+                    self.log(f"  skip p{pid} random τ={tau_key(tau)}: no sdvg row at that τ to match")
+                continue
+            row = run_row(self.models, prompt, pid, method, tau, config=self.config, router=router, out_dir=self.out,
+                          reference=known.get(("target-only", "")), metrics=self.metrics, embeds=embeds,
+                          save_video=self.save_videos, pool=self.pools.setdefault((method, tau_key(tau)), []))
+            known[(method, tau_key(tau))] = {k: _cell(v) for k, v in row.items()}
+            if self.log:
+                acc = row["acceptance"]
+                self.log(f"  p{pid} {method:13s} τ={tau_key(tau) or '—':5s} wall {row['wall_s']:.2f}s "
+                         f"speedup {row['speedup'] or 0:.2f}× acc {'—' if acc is None else f'{acc:.0%}'} "
+                         f"IR mean {row['ir_mean']:+.3f} min {row['ir_min']:+.3f}")
+            yield row
 
 
 def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows) -> None:
@@ -387,108 +405,3 @@ def _warm_up(models, config, prompt: str, embeds) -> None:
     for router in (RouterConfig(mode="target-only"), RouterConfig(mode="reward", tau=-math.inf)):
         SpeculativeSampler(models, router, cfg).run(prompt, prompt_embeds=embeds)
     models.reward.score(torch.zeros((1, config.height, config.width, 3)), prompt)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# summary and Pareto front
-
-
-def summarize(rows: Sequence[Mapping[str, str]]) -> list[dict]:
-    """Per (method, τ): prompts, speedup (Σ target-only wall / Σ wall over the same prompts), mean acceptance, mean
-    of per-prompt IR mean / min, mean retention and delta, and whether the point is on the Pareto front."""
-    ref = {r["prompt_id"]: r for r in rows if r["method"] == "target-only"}
-    groups: dict[tuple[str, str], list[Mapping[str, str]]] = {}
-    for r in rows:
-        groups.setdefault((r["method"], r["tau"]), []).append(r)
-    out = []
-    for (method, tau), rs in groups.items():
-        rs = [r for r in rs if r["prompt_id"] in ref]
-        if not rs:
-            continue
-        walls = [_num(r["wall_s"]) or 0.0 for r in rs]
-        ref_walls = [_num(ref[r["prompt_id"]]["wall_s"]) or 0.0 for r in rs]
-        accs = [a for a in (_num(r["acceptance"]) for r in rs) if a is not None]
-        ret = [x for x in (_num(r["ir_retention"]) for r in rs) if x is not None]
-        metric_cols = sorted({k for r in rs for k in r if k.startswith(METRIC_PREFIX)})
-        item = {
-            "method": method, "tau": tau, "prompts": len(rs),
-            "speedup": sum(ref_walls) / sum(walls) if sum(walls) > 0 else None,
-            "acceptance": statistics.fmean(accs) if accs else None,
-            "ir_mean": statistics.fmean(_num(r["ir_mean"]) for r in rs),
-            "ir_min": statistics.fmean(_num(r["ir_min"]) for r in rs),
-            "ir_retention": statistics.fmean(ret) if ret else None,
-            "ir_delta": statistics.fmean(_num(r["ir_delta"]) or 0.0 for r in rs),
-        }
-        for c in metric_cols:
-            vals = [v for v in (_num(r.get(c)) for r in rs) if v is not None]
-            item[c] = statistics.fmean(vals) if vals else None
-        out.append(item)
-    for item in out:
-        item["pareto"] = not any(
-            o is not item and o["speedup"] is not None and item["speedup"] is not None
-            and o["speedup"] >= item["speedup"] and o["ir_mean"] >= item["ir_mean"]
-            and (o["speedup"] > item["speedup"] or o["ir_mean"] > item["ir_mean"])
-            for o in out
-        )
-    order = {"target-only": 0, "draft-only": 1, "sdvg": 2, "random": 3}
-    out.sort(key=lambda x: (order.get(x["method"], 9), _num(x["tau"]) or 0.0))
-    return out
-
-
-def write_summary(summary: Sequence[dict], path: Path) -> Path:
-    cols = ["method", "tau", "prompts", "speedup", "acceptance", "ir_mean", "ir_min", "ir_retention", "ir_delta",
-            "pareto"]
-    cols += sorted({k for s in summary for k in s if k.startswith(METRIC_PREFIX)})
-    def write(tmp: Path) -> None:
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
-            w.writeheader()
-            for s in summary:
-                w.writerow({c: _cell(s.get(c)) for c in cols})
-
-    return write_atomic(path, write)
-
-
-PARETO_COLORS = {"target-only": (70, 110, 200), "draft-only": (120, 120, 120), "sdvg": (219, 109, 40),
-                 "random": (46, 160, 67)}
-FRONT_COLOR = (200, 40, 40)
-
-
-def render_pareto(summary: Sequence[dict], path: Path, *, width: int = 820, height: int = 520) -> Path:
-    """Quality (mean ImageReward of the outputs) vs speedup per method/τ; the Pareto front is connected."""
-    from .plotting import BLACK, Chart, linspace, nice_range
-
-    right = width - 170
-    chart = Chart(width, height, (80, 40, right, height - 60),
-                  title="SDVG eval: mean ImageReward of the output vs speedup over target-only (Pareto front: line)")
-    pts = [s for s in summary if s["speedup"] is not None]
-    if not pts:
-        chart.frame()
-        return chart.save(path)
-    xs = [p["speedup"] for p in pts]
-    chart.set_range((min(xs + [1.0]) * 0.95, max(xs) * 1.05), nice_range([p["ir_mean"] for p in pts]))
-    chart.x_ticks(linspace(*chart.x_range, 6), lambda v: f"{v:.2f}", label="speedup over target-only (x)")
-    chart.y_ticks(linspace(*chart.y_range, 6), lambda v: f"{v:+.3f}")
-    chart.frame()
-    front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["speedup"])
-    chart.line([(p["speedup"], p["ir_mean"]) for p in front], FRONT_COLOR)
-    for p in pts:
-        color = PARETO_COLORS.get(p["method"], BLACK)
-        chart.marker(p["speedup"], p["ir_mean"], color, size=5, outline=BLACK if p["pareto"] else None)
-        x, y = chart.px(p["speedup"], p["ir_mean"])
-        chart.text((x + 7, y - 6), p["method"] if not p["tau"] else f"{p['method']} tau={p['tau']}", (60, 60, 60))
-    legend = [(m, c, "dot") for m, c in PARETO_COLORS.items()] + [("Pareto front", FRONT_COLOR, "line")]
-    chart.legend((right + 12, 40), legend)
-    return chart.save(path)
-
-
-def format_summary(summary: Sequence[dict]) -> str:
-    head = f"{'method':12s} {'τ':>6s} {'n':>3s} {'speedup':>8s} {'accept':>7s} {'IR mean':>8s} {'IR min':>8s} {'retain':>7s} pareto"
-    lines = [head, "-" * len(head)]
-    for s in summary:
-        acc = "—" if s["acceptance"] is None else f"{s['acceptance']:.0%}"
-        ret = "—" if s["ir_retention"] is None else f"{s['ir_retention']:.1%}"
-        sp = "—" if s["speedup"] is None else f"{s['speedup']:.2f}×"
-        lines.append(f"{s['method']:12s} {s['tau'] or '—':>6s} {s['prompts']:3d} {sp:>8s} {acc:>7s} "
-                     f"{s['ir_mean']:+8.3f} {s['ir_min']:+8.3f} {ret:>7s} {'*' if s['pareto'] else ''}")
-    return "\n".join(lines)

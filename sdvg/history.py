@@ -23,6 +23,7 @@ class DenoiseResult:
     last_t: float
     forwards: int
     token: int = field(default_factory=lambda: next(_TOKENS))
+    x0_kept: torch.Tensor | None = None  # the x0 prediction of the step asked for (step stitch), a reference
 
 
 @dataclass

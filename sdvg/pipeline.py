@@ -99,8 +99,10 @@ def load_models(
     loras: dict[str, Sequence[LoraSpec]] | None = None,
     offload: dict[str, int | str | None] | None = None,
     text_device: str | None = None,
+    pt_weights: str = "ema",
 ) -> SDVGModels:
     """Load the models named in ``need``: explicit files win, the rest is looked up in ``models_dir``.
+    ``pt_weights`` picks a training ``.pt``'s weights (``compat.Compat.pt_weights``).
 
     Every missing file is reported at once, and every LoRA is checked against its DiT's header before anything
     loads. ``loras``/``offload``: per DiT role ("target", "drafter"), the LoRAs merged at load and the block offload
@@ -128,7 +130,7 @@ def load_models(
     for role in ("target", "drafter"):
         if role in paths:
             dits[role] = load_dit(paths[role], dtype=dtype, device=dit_dev, loras=prepared.get(role, ()),
-                                  offload_blocks=(offload or {}).get(role))
+                                  offload_blocks=(offload or {}).get(role), pt_weights=pt_weights)
             check_text_width(encoder, paths.get("text_encoder"), dits[role], role, paths[role])
     check_dit_pair(dits, paths)
     return SDVGModels(

@@ -217,18 +217,24 @@ class ImageReward(nn.Module):
             hint = hint or (" They look like [-1, 1] values: use (x + 1) / 2." if lo < 0 else "")
             raise ConfigError(f"ImageReward frames must be in [0, 1], got min {lo:.4g}, max {hi:.4g}.{hint}")
 
-    def preprocess(self, frames: torch.Tensor) -> torch.Tensor:
-        """[N,H,W,3] in [0,1] → [N,3,S,S] CLIP-normalized float32 on the model device (BICUBIC short side, crop)."""
+    def preprocess(self, frames: torch.Tensor, mode: str = "torch") -> torch.Tensor:
+        """[N,H,W,3] in [0,1] → [N,3,S,S] CLIP-normalized float32 on the model device (BICUBIC short side, crop).
+
+        ``mode="torch"``: the float frames, antialiased torch bicubic (ours). ``mode="pil"``: the reference's path,
+        uint8 frames (``x·255`` truncated, as torchvision's ``to_pil_image``) resized by PIL bicubic (compat.py).
+        """
         size = self.config.image_size
-        x = frames.to(device=self.device, dtype=torch.float32).permute(0, 3, 1, 2)
-        h, w = x.shape[-2:]
-        if h <= w:
-            nh, nw = size, int(size * w / h)
+        h, w = int(frames.shape[1]), int(frames.shape[2])
+        nh, nw = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
+        if mode == "pil":
+            x = _pil_resize(frames, nh, nw).to(self.device)
+        elif mode == "torch":
+            x = frames.to(device=self.device, dtype=torch.float32).permute(0, 3, 1, 2)
+            if (nh, nw) != tuple(x.shape[-2:]):
+                x = F.interpolate(x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True)
+            x = x.clamp(0.0, 1.0)
         else:
-            nh, nw = int(size * h / w), size
-        if (nh, nw) != (h, w):
-            x = F.interpolate(x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True)
-        x = x.clamp(0.0, 1.0)
+            raise ConfigError(f"ImageReward preprocessing {mode!r} is not 'torch' or 'pil'.")
         top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
         x = x[..., top : top + size, left : left + size]
         mean = x.new_tensor(CLIP_MEAN).view(1, 3, 1, 1)
@@ -250,7 +256,8 @@ class ImageReward(nn.Module):
             return ((r - REWARD_MEAN) / REWARD_STD).squeeze(-1)
 
     def score_chunks(
-        self, frames: torch.Tensor, prompt: str | PreparedPrompt, chunk_size: int | None = None
+        self, frames: torch.Tensor, prompt: str | PreparedPrompt, chunk_size: int | None = None, *,
+        preprocess: str = "torch",
     ) -> Iterator[torch.Tensor]:
         """Yield per-chunk rewards (float32, CPU) in frame order; lets a router stop early."""
         self.validate_frames(frames)
@@ -261,12 +268,24 @@ class ImageReward(nn.Module):
         step = n if chunk_size is None else chunk_size
         for start in range(0, n, step):
             with torch.inference_mode():  # entered per chunk: never held across a yield
-                pixels = self.preprocess(frames[start : start + step])
+                pixels = self.preprocess(frames[start : start + step], preprocess)
                 chunk = self.score_pixels(pixels, prepared).to("cpu", torch.float32)
             yield chunk
 
     def score(
-        self, frames: torch.Tensor, prompt: str | PreparedPrompt, *, chunk_size: int | None = None
+        self, frames: torch.Tensor, prompt: str | PreparedPrompt, *, chunk_size: int | None = None,
+        preprocess: str = "torch",
     ) -> torch.Tensor:
         """ImageReward of each frame: ``[N]`` float32 on CPU. All frames go through one forward by default."""
-        return torch.cat(list(self.score_chunks(frames, prompt, chunk_size)))
+        return torch.cat(list(self.score_chunks(frames, prompt, chunk_size, preprocess=preprocess)))
+
+
+def _pil_resize(frames: torch.Tensor, nh: int, nw: int) -> torch.Tensor:
+    """The reference's frames: uint8 (``x·255`` truncated after a clamp), PIL bicubic to ``nh × nw``; [N,3,nh,nw]
+    float32 in [0, 1] on the CPU."""
+    import numpy as np
+    from PIL import Image
+
+    u8 = frames.detach().float().clamp(0.0, 1.0).mul(255.0).to(torch.uint8).cpu().numpy()
+    out = [np.asarray(Image.fromarray(f).resize((nw, nh), Image.BICUBIC)) for f in u8]
+    return torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2).float().div_(255.0)

@@ -23,6 +23,12 @@ Threshold rules (``q`` is the aggregated block score, accept iff ``q >= threshol
   output for the first target block (block 0). Until a reference is observed, ``forced_target`` sends blocks to
   the target (so block 0 sets it even without ``force_reject_first``); a draft decided without one is rejected.
 
+Cascade scoring (``cascade = k``, SDVG-hybrid; reward mode with min aggregation and a fixed τ, or pattern mode): the
+sampler scores ``k`` frames spread over the block first (:meth:`Router.cascade_split`). A frame of the subset below τ
+is a safe reject (the block's minimum can only be lower), so the rest is never scored; otherwise the rest is scored
+and the block decided on all frames, exactly as full scoring decides it. In pattern mode (the bench) the pattern
+stands in for what the subset finds: a rejected block is scored on the subset only (cascade's best case).
+
 Modes without a threshold: ``random`` accepts the i-th drafted block when the i-th draw of ``random.Random(seed)``
 is below ``random_rate``; ``pattern`` accepts it when ``pattern[i]`` is true (an exact, reproducible acceptance
 pattern, e.g. for benchmarks and matched-acceptance baselines). With ``score_drafts`` both still score every draft
@@ -34,7 +40,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -68,6 +74,7 @@ class RouterConfig:
     num_blocks: int | None = None  # known length of the generation (target-rate correction, pattern length)
     pattern: tuple[bool, ...] | None = None  # pattern mode: the decision for the i-th drafted block (True = accept)
     score_drafts: bool = False  # random / pattern mode: score every draft anyway (the decision stays the same)
+    cascade: int = 0  # SDVG-hybrid cascade scoring: frames scored first (0 = off), see the module notes
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RouterConfig:
@@ -120,6 +127,14 @@ class RouterConfig:
             isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
         ):
             raise ConfigError(f"Router num_blocks must be a positive integer or None, got {self.num_blocks!r}.")
+        if isinstance(self.cascade, bool) or not isinstance(self.cascade, int) or self.cascade < 0:
+            raise ConfigError(f"Router cascade must be a whole number of frames >= 0 (0 = off), got {self.cascade!r}.")
+        if self.cascade and not (self.mode == "pattern" or (self.mode == "reward" and self.aggregation == "min"
+                                                             and self.threshold == "fixed")):
+            raise ConfigError("Cascade scoring is a safe reject only for the worst frame against a fixed τ: use mode "
+                              "'reward' with aggregation 'min' and threshold 'fixed' (or the bench's pattern mode).")
+        if self.cascade and self.early_exit:
+            raise ConfigError("Choose cascade scoring or early exit, not both (both stop scoring at a bad frame).")
         for name in ("force_reject_first", "early_exit", "score_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Router {name} must be true or false, got {getattr(self, name)!r}.")
@@ -240,10 +255,12 @@ def aggregate(scores: Sequence[float], how: str, q: float = 0.1) -> float:
 
 
 class Router:
-    def __init__(self, config: RouterConfig | None = None):
+    def __init__(self, config: RouterConfig | None = None, *, shared_history: list[float] | None = None):
         self.config = (config or RouterConfig()).validate()
         self._rng = random.Random(self.config.seed)
-        self.history: list[float] = []  # aggregated scores of drafted blocks, in decision order
+        # aggregated scores of drafted blocks, in decision order: this video's, or (``shared_history``, the
+        # reference's pooled state) every video's of a run, which the target-rate threshold reads
+        self.history: list[float] = [] if shared_history is None else shared_history
         self.reference: float | None = None
         self.records: list[RouteRecord] = []
         self._drafted = 0  # drafted blocks decided so far (the index into the random draws / the pattern)
@@ -275,6 +292,39 @@ class Router:
     def acceptance(self) -> float | None:
         """Fraction of decided blocks that were accepted (forced blocks count as rejected); None before any."""
         return sum(r.accepted for r in self.records) / len(self.records) if self.records else None
+
+    def cascade_split(self, n: int) -> tuple[list[int], list[int]] | None:
+        """(frames scored first, the rest) for a block of ``n`` frames, or None without cascade scoring. The first
+        ``cascade`` frames are spread evenly over the block (4 of 12: 0, 4, 7, 11)."""
+        k = self.config.cascade
+        if not k or k >= n:
+            return None
+        first = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [n // 2]
+        return first, [i for i in range(n) if i not in set(first)]
+
+    def cascade_stops(self, scores: Any) -> bool:
+        """Whether the subset's scores settle the block (a reject) so that the rest need not be scored."""
+        c = self.config
+        if c.mode == "pattern":
+            return not c.pattern[self._drafted] if self._drafted < len(c.pattern) else False
+        return any(v < c.tau or math.isnan(v) for v in to_float_list(scores))
+
+    def decide_cascade(self, block: int, n: int, score: Callable[[list[int]], Any]) -> RouteRecord:
+        """Cascade scoring of a block of ``n`` frames: ``score(indices)`` gives those frames' rewards. The subset
+        first; a reject it settles stops there, otherwise the rest is scored and the block decided on all frames."""
+        split = self.cascade_split(n)
+        if split is None or self.forced_target(block) is not None:
+            return self.decide(block, score(list(range(n))) if self.needs_scores(block) else None)
+        first_idx, rest_idx = split
+        first = to_float_list(score(first_idx))
+        if self.cascade_stops(first):
+            return self.decide(block, first, note=f"; cascade: frames {','.join(map(str, first_idx))} of {n}")
+        values = [0.0] * n
+        for i, v in zip(first_idx, first, strict=True):
+            values[i] = v
+        for i, v in zip(rest_idx, to_float_list(score(rest_idx)), strict=True):
+            values[i] = v
+        return self.decide(block, values)
 
     # ---- observations --------------------------------------------------------------------------------------
     def observe_reference(self, block: int, scores: Any) -> float:
@@ -342,7 +392,9 @@ class Router:
                 self._rng.random()
         return self._record(RouteRecord(block, "reject", reason))
 
-    def decide(self, block: int, scores: Any = None) -> RouteRecord:
+    def decide(self, block: int, scores: Any = None, *, note: str = "") -> RouteRecord:
+        """The decision for ``block`` (``scores``: its frames' rewards when the mode scores); ``note`` is added to the
+        reason (e.g. which frames a cascade scored)."""
         c = self.config
         forced = self.forced_target(block)
         if forced is not None:
@@ -354,7 +406,7 @@ class Router:
         values = to_float_list(scores)
         if not values:
             raise ConfigError(f"Router in reward mode needs the frame scores of block {block}; got none.")
-        return self._record(self._decide_scores(block, values))
+        return self._record(self._decide_scores(block, values, note=note))
 
     def _decide_unthresholded(self, block: int, values: list[float]) -> RouteRecord:
         """Random or pattern decision for the next drafted block; scores (when drafts are scored) are recorded."""

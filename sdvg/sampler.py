@@ -33,7 +33,7 @@ from .pipeline import SDVGModels
 from .results import BlockEvent, BlockRecord, FrameBuffer, SDVGResult, StepEvent
 from .router import Router, RouterConfig, RouteRecord
 from .sampler_config import SamplerConfig
-from .scheduler import FlowMatchScheduler, NoiseBank, build_step_schedule
+from .scheduler import FlowMatchScheduler, NoiseBank
 from .verify import Draft, last_token, make_verifier
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,8 @@ class SpeculativeSampler:
     :class:`SDVGResult` (``StopIteration.value``); ``run`` consumes it for you.
     """
 
-    def __init__(self, models: SDVGModels, router: RouterConfig, config: SamplerConfig):
+    def __init__(self, models: SDVGModels, router: RouterConfig, config: SamplerConfig, *,
+                 pooled_scores: list[float] | None = None):
         self.models = models
         self.config = config
         self.router_config = router
@@ -59,8 +60,10 @@ class SpeculativeSampler:
         # The router's target-rate correction and pattern need the block count; never mutate the caller's config.
         self.router_config = replace(router, num_blocks=config.num_blocks).validate()
         self.scheduler = FlowMatchScheduler()
-        self.schedule = build_step_schedule(config.schedule, config.num_blocks, self.scheduler)
+        self.schedule = config.step_schedule()
         self.policy = config.cache.policy()
+        # threshold_state "pooled": the target-rate statistics of every run of this sampler (or of a caller's pool)
+        self.pooled_scores: list[float] = [] if pooled_scores is None else pooled_scores
 
     # ------------------------------------------------------------------ validation
     def check_inputs(self) -> None:
@@ -205,12 +208,14 @@ class _Run:
             raise ConfigError("The prompt must be a string (the reward model scores frames against it).")
         self.s, self.prompt, self.cancel, self.user_on_step = sampler, prompt, cancel, on_step
         cfg, models = sampler.config, sampler.models
-        self.router = Router(sampler.router_config)
+        compat = self.compat = cfg.compat
+        pooled = sampler.pooled_scores if compat.threshold_state == "pooled" else None
+        self.router = Router(sampler.router_config, shared_history=pooled)
         self.partial = False
         self.records: list[BlockRecord] = []
         self.history = BlockHistory()
         self.vae, self.reward = models.vae, models.reward
-        self.vae.reset()
+        self.vae.reset(decoder=compat.vae_decoder)
         self.aux_device = torch.device(getattr(self.vae, "device", "cpu"))
         self.frames = FrameBuffer(pixel_frames_for_blocks(cfg.num_blocks), cfg.height, cfg.width)
         self.noise = NoiseBank(cfg.seed, (1, LATENT_CHANNELS, FRAMES_PER_BLOCK, *cfg.latent_hw), sampler.schedule)
@@ -271,7 +276,9 @@ class _Run:
         return block < self.s.config.num_blocks and self.router.forced_target(block) is None
 
     def draft_on(self, block: int, history: BlockHistory, timings: dict) -> Draft:
-        result = self._denoise("drafter", block, history, timings)
+        cfg = self.s.config  # step stitch keeps the drafter's x0 of step k − 1 for a rejecting target
+        keep = cfg.refine_from_step - 1 if cfg.stitch else None
+        result = self._denoise("drafter", block, history, timings, keep_x0_step=keep)
         return Draft(block, result, last_token(history), finite=_finite(result.x0))
 
     def reject_unverifiable(self, draft: Draft) -> RouteRecord:
@@ -294,17 +301,20 @@ class _Run:
 
     def score(self, frames: torch.Tensor, timings: dict) -> torch.Tensor:
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            return self.reward.score(frames, self.prompt)
+            return self.reward.score(frames, self.prompt, preprocess=self.compat.reward_preprocess)
 
     def route(self, block: int, frames: torch.Tensor, timings: dict) -> RouteRecord:
         """Score the draft's frames when the router wants scores, and decide."""
         router = self.router
         if not router.needs_scores(block):
             return router.decide(block)
+        if router.cascade_split(int(frames.shape[0])) is not None:  # SDVG-hybrid: a subset of the frames first
+            return router.decide_cascade(block, int(frames.shape[0]), lambda idx: self.score(frames[idx], timings))
         if not router.can_exit_early:
             return router.decide(block, self.score(frames, timings))
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            return router.decide_streaming(block, self.reward.score_chunks(frames, self.prompt, EARLY_EXIT_CHUNK))
+            chunks = self.reward.score_chunks(frames, self.prompt, EARLY_EXIT_CHUNK, preprocess=self.compat.reward_preprocess)
+            return router.decide_streaming(block, chunks)
 
     def _step_hook(self, block: int, model: str):
         def hook(step: int, num_steps: int) -> None:
@@ -336,10 +346,13 @@ class _Run:
         return result
 
     def _regenerate(self, b: int, draft: Draft, timings: dict) -> DenoiseResult:
-        """The target redoes a rejected block from the same noise; refine-on-reject starts mid-way from the draft."""
+        """The target redoes a rejected block from the same noise, or takes over at step k: the state
+        ``renoise(x0, ε_k−1, σ_k)`` from the draft's final x0 (refine-on-reject) or from the drafter's own x0 of step
+        k − 1 (step stitch: exactly the drafter's input of step k, so its first k steps are kept)."""
         k = self.s.config.refine_from_step
         if k is not None and k < len(self.s.schedule[b]):
-            x0 = draft.result.x0.to(self.denoisers["target"].device)
+            src = draft.result.x0_kept if self.s.config.stitch else draft.result.x0
+            x0 = src.to(self.denoisers["target"].device)
             return self._denoise("target", b, self.history, timings, start_step=k, x0_init=x0)
         return self._denoise("target", b, self.history, timings)
 
@@ -363,6 +376,8 @@ class _Run:
             aggregation=route.aggregation, drafted=drafted, timings=timings, forwards=self.meter.block_forwards(),
         )
         self.records.append(record)
+        if b == 0 and self.compat.dropped_frames:  # the reference shows 6 frames of block 0 (all 9 stay context)
+            out = out[self.compat.dropped_frames:]
         return BlockEvent(b, out, record)
 
     # ---------------------------------------------------------------- end
@@ -373,7 +388,7 @@ class _Run:
 
     def result(self) -> SDVGResult:
         cfg = self.s.config
-        frames = self.frames.finished()
+        frames = self.frames.finished()[cfg.compat.dropped_frames:]
         if cfg.num_frames is not None and not self.partial:
             frames = frames[: cfg.num_frames]
         if cfg.output_dtype == "uint8":
@@ -397,5 +412,7 @@ class _Run:
             "schedule": self.s.schedule,
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,
+            "stitch": cfg.stitch,
+            "compat": cfg.compat.to_dict(),
             "router": self.s.router_config.to_dict(),
         }

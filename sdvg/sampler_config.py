@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .blocks import SPATIAL_MULTIPLE, VAE_SCALE, pixel_frames_for_blocks
+from .compat import Compat
 from .errors import ConfigError
 from .memory import physical_memory_bytes
 from .regimes import CacheConfig
-from .scheduler import FlowMatchScheduler, build_step_schedule
+from .scheduler import FlowMatchScheduler, build_step_schedule, with_tail_step
 
 OUTPUT_DTYPES = ("float", "uint8")
 
@@ -25,8 +26,10 @@ class SamplerConfig:
     schedule: str | Sequence[Sequence[float]] = "constant"
     pipelined: bool = False
     refine_from_step: int | None = None
+    stitch: bool = False  # with refine_from_step k: the target continues the drafter's own step-k state (step stitch)
     num_frames: int | None = None  # trim the output to this many pixel frames
     output_dtype: str = "float"  # "float" ([0,1] float32) or "uint8"
+    compat: Compat = field(default_factory=Compat)  # our defaults or the authors' behaviours (compat.py)
 
     def validate(self) -> SamplerConfig:
         """Every check that needs no model (run it before loading any); raises ConfigError. Returns self."""
@@ -42,8 +45,9 @@ class SamplerConfig:
         self._check_output_fits()
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}.")
-        if self.num_frames is not None and not 1 <= self.num_frames <= pixel_frames_for_blocks(self.num_blocks):
-            raise ConfigError(f"num_frames {self.num_frames} does not fit {self.num_blocks} blocks.")
+        shown = pixel_frames_for_blocks(self.num_blocks) - self.compat.dropped_frames
+        if self.num_frames is not None and not 1 <= self.num_frames <= shown:
+            raise ConfigError(f"num_frames {self.num_frames} does not fit {self.num_blocks} blocks ({shown} frames).")
         if self.output_dtype not in OUTPUT_DTYPES:
             raise ConfigError(f"output_dtype must be 'float' or 'uint8', got {self.output_dtype!r}.")
         steps = max(len(row) for row in self.step_schedule())
@@ -60,8 +64,14 @@ class SamplerConfig:
             optional = name in ("num_frames", "refine_from_step")
             if (value is None and not optional) or (value is not None and (isinstance(value, bool) or not isinstance(value, int))):
                 raise ConfigError(f"{name} must be a whole number{' or None' if optional else ''}, got {value!r}.")
+        if not isinstance(self.stitch, bool):
+            raise ConfigError(f"stitch must be True or False, got {self.stitch!r}.")
+        if self.stitch and self.refine_from_step is None:
+            raise ConfigError("stitch needs refine_from_step = k: the step at which the target takes over the draft.")
         if not isinstance(self.pipelined, bool):
             raise ConfigError(f"pipelined must be True or False, got {self.pipelined!r}.")
+        if not isinstance(self.compat, Compat):
+            raise ConfigError(f"compat must be a Compat (sdvg.compat.profile('reference')), got {self.compat!r}.")
         if not isinstance(self.cache, CacheConfig):
             raise ConfigError(f"cache must be a CacheConfig, got {type(self.cache).__name__}.")
 
@@ -77,7 +87,8 @@ class SamplerConfig:
             )
 
     def step_schedule(self) -> list[list[float]]:
-        return build_step_schedule(self.schedule, self.num_blocks, FlowMatchScheduler())
+        rows = build_step_schedule(self.schedule, self.num_blocks, FlowMatchScheduler())
+        return with_tail_step(rows) if self.compat.t0_tail_step else rows
 
     @property
     def latent_hw(self) -> tuple[int, int]:

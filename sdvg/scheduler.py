@@ -68,6 +68,13 @@ class FlowMatchScheduler:
             return 0.0
         return self._s_list[self._nearest_index(t)]
 
+    def step_sigma(self, t: float) -> float:
+        """σ used for a sampling step at ``t``: the table's, and for ``t == 0`` (Krea's tail step) the smallest table σ
+        (≈ 0.00498), as Krea's nearest-entry lookup gives: re-noise to it, call the model at t = 0, convert with it."""
+        if float(t) == 0.0:
+            return self._s_list[-1]
+        return self.sigma_of(t)
+
     def snap(self, t: float) -> float:
         """Nearest table timestep (0 stays 0)."""
         if float(t) == 0.0:
@@ -91,11 +98,13 @@ def _validate_list(values: Sequence[float], where: str) -> list[float]:
     vals = [float(v) for v in values]
     if not vals:
         raise ConfigError(f"Step list {where} is empty; give at least one timestep such as 1000.")
-    for v in vals:
+    for i, v in enumerate(vals):
         if not math.isfinite(v):
             raise ConfigError(f"Step list {where} contains {v!r}; every timestep must be a finite number.")
-        if not (0.0 < v <= 1000.0):
-            raise ConfigError(f"Step list {where} contains {v}; timesteps must satisfy 0 < t <= 1000.")
+        tail = v == 0.0 and i == len(vals) - 1 and i > 0  # Krea's t = 0 tail step (scheduler.step_sigma)
+        if not (0.0 < v <= 1000.0 or tail):
+            raise ConfigError(f"Step list {where} contains {v}; timesteps must satisfy 0 < t <= 1000 (only the last "
+                              "of two or more may be 0: Krea's t = 0 tail step).")
     for a, b in zip(vals, vals[1:], strict=False):
         if not b < a:
             raise ConfigError(
@@ -119,9 +128,15 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def with_tail_step(schedule: list[list[float]]) -> list[list[float]]:
+    """Every block's list with Krea's t = 0 tail step appended (lists that already end at 0 are kept)."""
+    return [row if row and row[-1] == 0.0 else [*row, 0.0] for row in schedule]
+
+
 def build_step_schedule(spec, num_blocks: int, scheduler: FlowMatchScheduler) -> list[list[float]]:
     """Per-block timestep lists. ``spec``: "constant" | "diagonal" | "1000,750,500,250" (raw, warped)
-    | JSON / list of lists (used as given after snapping; the last list repeats)."""
+    | JSON / list of lists (used as given after snapping; the last list repeats). A final 0 in a list is Krea's
+    t = 0 tail step (``"1000,750,500,250,0"`` is Krea's 5-step schedule)."""
     if int(num_blocks) < 1:
         raise ConfigError(f"num_blocks must be >= 1, got {num_blocks}.")
     num_blocks = int(num_blocks)

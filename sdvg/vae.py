@@ -7,6 +7,9 @@ The layers are diffusers' ``AutoencoderKLWan``; this module owns only the stream
   never called here.
 * The decoder *replaces* cache entries (``feat_cache[i] = new_tensor``) and never writes into them, so a
   snapshot is a tuple of references (no tensor copies) and ``restore`` puts those references back.
+* ``reset(decoder="krea")`` starts a stream with Krea's decoder variant (``compat.py``): its first temporal
+  upsampler caches the current frame twice (``where(previous == 0, 0, current)``, then current) where the Wan VAE
+  caches the previous and the current frame. Pixel frames 0–8 are identical; from frame 9 on they drift.
 * ``encode_frame`` encodes one pixel frame as the first frame of a fresh causal encoder stream (used by the
   windowed-recompute regime to re-encode an old frame as context).
 
@@ -66,6 +69,19 @@ def _entries_nbytes(entries) -> int:
     return total
 
 
+DECODERS = ("wan", "krea")
+
+
+def _krea_cache_entry(cache: list, slot: int | None) -> None:
+    """Krea's first temporal upsampler cache after a one-frame call: ``[where(prev == 0, 0, cur), cur]`` instead
+    of the Wan VAE's ``[prev, cur]`` (diffusers wrote ``[prev, cur]``; the entry is replaced, never mutated)."""
+    entry = cache[slot] if slot is not None else None
+    if not torch.is_tensor(entry) or entry.shape[2] != 2:
+        return
+    cur = entry[:, :, 1:]
+    cache[slot] = torch.cat([torch.where(entry[:, :, :1] == 0, torch.zeros_like(cur), cur), cur], dim=2)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Streaming VAE
 # --------------------------------------------------------------------------------------------------------------
@@ -89,6 +105,7 @@ class StreamingVAE:
         self._std = torch.tensor(model.config.latents_std, dtype=torch.float32, device=self.device).view(shape)
         self._n_dec = int(model._cached_conv_counts["decoder"])
         self._n_enc = int(model._cached_conv_counts["encoder"])
+        self._upsample_slot: int | None = None  # cache slot of the first temporal upsampler (found on first decode)
         self.reset()
 
     # ---- loading -------------------------------------------------------------------------------------------
@@ -122,8 +139,11 @@ class StreamingVAE:
         return (x - self._mean.to(x.device)) / self._std.to(x.device)
 
     # ---- streaming decode ----------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Start a new video: empty decoder feature cache."""
+    def reset(self, *, decoder: str = "wan") -> None:
+        """Start a new video: empty decoder feature cache. ``decoder``: "wan" (exact) or "krea" (Krea's variant)."""
+        if decoder not in DECODERS:
+            raise ConfigError(f"Unknown VAE decoder variant {decoder!r}. Valid: {', '.join(DECODERS)}.")
+        self.decoder_variant = decoder
         self._cache: list = [None] * self._n_dec
         self._frames_decoded = 0
         self._spatial: tuple[int, int] | None = None
@@ -173,8 +193,12 @@ class StreamingVAE:
         cache = list(self._cache)
         outs = []
         for i in range(x.shape[2]):
-            outs.append(dec(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0],
-                            first_chunk=self._frames_decoded + i == 0))
+            first = self._frames_decoded + i == 0
+            outs.append(dec(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=first))
+            if first and self._upsample_slot is None:  # the upsamplers mark their slot 'Rep' on the first frame
+                self._upsample_slot = next((j for j, e in enumerate(cache) if isinstance(e, str)), None)
+            if not first and self.decoder_variant == "krea":
+                _krea_cache_entry(cache, self._upsample_slot)
         self._cache = cache
         self._frames_decoded += len(outs)
         self._spatial = (int(latents.shape[3]), int(latents.shape[4]))

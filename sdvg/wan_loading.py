@@ -149,7 +149,7 @@ def _resolve_diffusers_dir(path: Path) -> Path:
     )
 
 
-def _open_source(path: str | os.PathLike) -> _Source:
+def _open_source(path: str | os.PathLike, pt_weights: str = "ema") -> _Source:
     p = Path(path).expanduser()
     require_path(p, f"DiT checkpoint not found: {p}. Put the file there (e.g. models/diffusion_models/) or fix the "
                     "path.")
@@ -163,7 +163,7 @@ def _open_source(path: str | os.PathLike) -> _Source:
         return _Source(p, "safetensors", [p], shapes, header.dtypes, dict(header.metadata),
                        key_file=dict.fromkeys(shapes, p))
     if name.endswith(PT_SUFFIXES):
-        ck = unwrap_state_dict(torch_load(p), p)
+        ck = unwrap_state_dict(torch_load(p), p, pt_weights=pt_weights)
         tensors = ck.tensors
         return _Source(
             p, "pt", [p], {k: tuple(v.shape) for k, v in tensors.items()}, {k: v.dtype for k, v in tensors.items()},
@@ -454,6 +454,7 @@ def load_dit(
     path: str | os.PathLike, *, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu",
     loras: Sequence[LoraSpec | LoraFile] = (), offload_blocks: int | str | None = None,
     offload_reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+    pt_weights: str = "ema",
 ) -> CausalWanTransformer:
     """Load a Wan 2.1 T2V DiT from any accepted format into ``CausalWanTransformer`` (eval mode, no grad).
 
@@ -464,9 +465,10 @@ def load_dit(
     conversion; several add up); checked against the DiT before any weight is read.
     offload_blocks: None (every block on ``device``), K (K blocks resident, the rest streamed from pinned CPU memory,
     see ``offload.py``) or ``"auto"`` (as many as fit in the free memory less ``offload_reserve_bytes``).
+    ``pt_weights``: which weights of a training ``.pt`` (``ema``: ``generator_ema``; ``generator``: the reference's).
     """
     dev = resolve_device(device, what="DiT")
-    src = _open_source(path)
+    src = _open_source(path, pt_weights)
     info, raw_to_key = _inspect(src)
     if info.config["in_channels"] != 16 or info.config["out_channels"] != 16:
         raise ModelFileError(

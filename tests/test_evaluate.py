@@ -33,19 +33,19 @@ def test_eval_resumes_without_duplicates_and_writes_outputs(tiny_models, tmp_pat
                         save_videos=True, warmup=False)
     assert first["written"] == 3 and not first["complete"]
     rows = read_rows(out / ev.RESULTS)
-    assert keys(rows) == [("0", "target-only", ""), ("0", "draft-only", ""), ("0", "sdvg", "-0.5")]
+    assert keys(rows) == [("0", "target-only", ""), ("0", "draft-only", ""), ("0", "target0-draft", "")]
     # a crash in the middle of writing a row leaves a partial line: it is dropped on resume
     with (out / ev.RESULTS).open("a", encoding="utf-8") as fh:
         fh.write("0,random,-0.5,half a ro")
     (out / "videos" / ".p0000_random_tau-0.5.tmp.mp4").write_bytes(b"partial")
     second = ev.evaluate(tiny_models, PROMPTS, out, taus=(-0.5,), sampler_config=CONFIG, metrics=metric,
                          save_videos=True, warmup=False)
-    assert second["complete"] and second["skipped"] == 3 and second["written"] == 5
+    assert second["complete"] and second["skipped"] == 3 and second["written"] == 7
     third = ev.evaluate(tiny_models, PROMPTS, out, taus=(-0.5,), sampler_config=CONFIG, metrics=metric,
                         save_videos=True, warmup=False)
     assert third["written"] == 0 and third["complete"]
     rows = read_rows(out / ev.RESULTS)
-    assert len(rows) == 8 and max(Counter(keys(rows)).values()) == 1
+    assert len(rows) == 10 and max(Counter(keys(rows)).values()) == 1
     assert list(rows[0])[-1] == "m_flicker" and all(r["m_flicker"] for r in rows)
     for r in rows:
         assert (out / r["video"]).is_file()
@@ -56,13 +56,17 @@ def test_eval_resumes_without_duplicates_and_writes_outputs(tiny_models, tmp_pat
         assert float(by[(pid, "target-only", "")]["speedup"]) == 1.0
         assert by[(pid, "target-only", "")]["pattern"] == "TT"
         assert by[(pid, "draft-only", "")]["pattern"] == "AA"
+        assert by[(pid, "target0-draft", "")]["pattern"] == "TA"  # block 0 the target's, the rest drafted
         # random routing at the acceptance the τ run realized on the same prompt
         assert by[(pid, "random", "-0.5")]["accepted"] == by[(pid, "sdvg", "-0.5")]["accepted"]
         assert float(by[(pid, "sdvg", "-0.5")]["ir_delta"]) == pytest.approx(
             float(by[(pid, "sdvg", "-0.5")]["ir_mean"]) - float(by[(pid, "target-only", "")]["ir_mean"]), abs=1e-5)
     summary = read_rows(out / ev.SUMMARY)
     assert {(s["method"], s["tau"]) for s in summary} == {("target-only", ""), ("draft-only", ""), ("sdvg", "-0.5"),
-                                                         ("random", "-0.5")}
+                                                         ("random", "-0.5"), ("target0-draft", "")}
+    for s in summary:  # the interval holds the mean (two prompts: the resamples' means bracket it)
+        for col in ("speedup", "ir_mean", "ir_delta"):
+            assert float(s[col + "_lo"]) <= float(s[col]) + 1e-9 <= float(s[col + "_hi"]) + 2e-9, (s, col)
     assert (out / ev.PARETO).stat().st_size > 0
 
 
@@ -198,3 +202,34 @@ def test_a_plan_with_nothing_to_run_is_refused(tmp_path, prompts, taus, methods,
     with pytest.raises(ConfigError) as err:
         ev.evaluate(_NoRun(), prompts, tmp_path / "out", taus=taus, methods=methods, sampler_config=CONFIG)
     assert expected in str(err.value), str(err.value)
+
+
+def test_bootstrap_interval_is_seeded_and_covers_the_mean():
+    from sdvg.eval_summary import summarize
+    from sdvg.stats import bootstrap_ci, mean_or_none
+
+    rng = __import__("random").Random(3)
+    values = [rng.gauss(0.5, 1.0) for _ in range(40)]
+    lo, hi = bootstrap_ci(values, mean_or_none, seed=1)
+    assert (lo, hi) == bootstrap_ci(values, mean_or_none, seed=1) != bootstrap_ci(values, mean_or_none, seed=2)
+    se = (sum((v - mean_or_none(values)) ** 2 for v in values) / 39) ** 0.5 / 40 ** 0.5
+    assert lo < mean_or_none(values) < hi and 2.5 * se < hi - lo < 5.5 * se  # ≈ ±1.96 standard errors
+    assert bootstrap_ci([], mean_or_none) is None and bootstrap_ci([2.0], mean_or_none) == (2.0, 2.0)
+    rows = [{"prompt_id": str(i), "method": m, "tau": "", "wall_s": str(w), "acceptance": "", "ir_mean": str(q),
+             "ir_min": str(q), "ir_retention": "", "ir_delta": str(q - 1.0)}
+            for i in range(20) for m, w, q in (("target-only", 2.0, 1.0), ("draft-only", 1.0 + i / 20, 0.5))]
+    draft = next(s for s in summarize(rows) if s["method"] == "draft-only")
+    assert draft["speedup_lo"] < draft["speedup"] < draft["speedup_hi"]
+    assert draft["ir_mean_lo"] == draft["ir_mean"] == draft["ir_mean_hi"] == 0.5  # no spread, no width
+    assert draft["ir_retention"] is None and draft["ir_retention_lo"] is None
+
+
+def test_eval_ray_without_the_extra_names_it(tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("ray is installed here")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a fox\n", encoding="utf-8")
+    assert main(["eval", "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--ray", "auto"]) == 2
+    assert "pip install '.[ray]'" in capsys.readouterr().err

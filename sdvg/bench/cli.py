@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
+from ..compat import add_compat_args, compat_from_args
 from ..devices import resolve_device, set_cpu_threads
 from ..errors import ConfigError
 from ..jsonable import to_jsonable
@@ -36,8 +37,10 @@ def add_parser(subparsers) -> None:
         "bench", help="speed benchmark: target-only, draft-only, forced acceptance sweep, variants, cost-model bound",
         description=bench_doc.split("\n\n")[0],
     )
-    p.add_argument("--profile", choices=["tiny", "real-size"], default="tiny",
-                   help="tiny: the tiny preset on the CPU (default); real-size: random weights at the real 1.3B/14B, "
+    p.add_argument("--profile", choices=["tiny", "paper-ratio", "real-size"], default="tiny",
+                   help="tiny: the tiny preset on the CPU (default); paper-ratio: CPU DiTs sized so a target forward "
+                        "costs ~10 drafter forwards and decode/score are small next to it, as at real size "
+                        "(sdvg/fixtures/paper_ratio.py); real-size: random weights at the real 1.3B/14B, "
                         "VAE and ImageReward shapes, 832×480, bf16, on a GPU")
     p.add_argument("--device", default=None, help="tiny: cpu (default); real-size: cuda (default)")
     p.add_argument("--blocks", type=int, default=None, help="blocks per video (tiny 9, real-size 5: 8 / 4 drafted "
@@ -63,6 +66,7 @@ def add_parser(subparsers) -> None:
                    "the memory plan (params, KV bytes, VAE cache bytes); runs nothing")
     p.add_argument("--card-gib", type=float, default=24.0, help="real-size --dry-run: also plan the 14B + 1.3B fit on a "
                    "card of this many GiB with fp8 weights and target-block offload (default 24)")
+    add_compat_args(p, profile_flag="--compat")
     p.set_defaults(func=cmd_bench)
 
 
@@ -71,18 +75,22 @@ def _log(msg: str) -> None:
 
 
 def settings_from_args(args) -> BenchSettings:
+    from ..fixtures.paper_ratio import PAPER_RATIO_WIDTH
+
     real = args.profile == "real-size"
+    small = PAPER_RATIO_WIDTH if args.profile == "paper-ratio" else 64
     s = BenchSettings(
         profile=args.profile,
         blocks=args.blocks if args.blocks is not None else (5 if real else 9),
-        width=args.width if args.width is not None else (REAL_WIDTH if real else 64),
-        height=args.height if args.height is not None else (REAL_HEIGHT if real else 64),
+        width=args.width if args.width is not None else (REAL_WIDTH if real else small),
+        height=args.height if args.height is not None else (REAL_HEIGHT if real else small),
         seed=args.seed,
         repeats=args.repeats if args.repeats is not None else (1 if real else 5),
         interleave=args.interleave,
         warmup=args.warmup if args.warmup is not None else (0 if real else 1),
         levels=_parse_levels(args.levels),
         only=tuple(x.strip() for x in args.only.split(",") if x.strip()),
+        compat=compat_from_args(args),
     )
     for option, value, least in (("--repeats", s.repeats, 1), ("--warmup", s.warmup, 0),
                                  ("--interleave", s.groups_of, 0), ("--blocks", s.blocks, 2)):
@@ -121,6 +129,7 @@ def _json_default(obj):
 
 
 def _cmd_tiny(args, s: BenchSettings) -> int:
+    from ..fixtures.paper_ratio import ensure_paper_ratio
     from ..fixtures.tiny import ensure_tiny
     from ..pipeline import load_models
 
@@ -128,12 +137,13 @@ def _cmd_tiny(args, s: BenchSettings) -> int:
     s.threads = set_cpu_threads(args.threads, 1 if device.type == "cpu" else None)
     models_dir = args.models
     if models_dir is None:
-        models_dir, created = ensure_tiny()
-        _log(f"tiny preset: {models_dir} ({'created' if created else 'cached'})")
+        ensure = ensure_paper_ratio if s.profile == "paper-ratio" else ensure_tiny
+        models_dir, created = ensure()
+        _log(f"{s.profile} preset: {models_dir} ({'created' if created else 'cached'})")
     models = load_models(models_dir, dit_device=str(device), aux_device=str(device),
-                         dtype="fp32" if device.type == "cpu" else "auto")
+                         dtype="fp32" if device.type == "cpu" else "auto", pt_weights=s.compat.pt_weights)
     embeds = models.text_encoder.encode(s.prompt)
-    _log(f"bench: tiny profile on {device}, {s.blocks} blocks at {s.width}x{s.height}, {s.warmup} warm-up + "
+    _log(f"bench: {s.profile} profile on {device}, {s.blocks} blocks at {s.width}x{s.height}, {s.warmup} warm-up + "
          f"{s.repeats} timed run(s) per row, {s.threads} thread(s)")
     _emit(run_bench(models, s, device=device, embeds=embeds, log=_log), args)
     return 0
@@ -178,7 +188,7 @@ def _cmd_real_size(args, s: BenchSettings) -> int:
     embeds = torch.randn((1, spec.text_len, spec.text_dim), device=device, dtype=spec.dtype, generator=gen)
     plan = memory_plan(models, s)
     # one global warm-up: a scored 2-block run touches every model, kernel and allocator path
-    warm = BenchSettings(**{**asdict(s), "blocks": 2, "repeats": 1, "warmup": 0})
+    warm = replace(s, blocks=2, repeats=1, warmup=0)
     run_once(models, Variant("warm-up", "scored", 0.0), warm, embeds, (False,), device)
     _log(f"warm-up done ({time.perf_counter() - t0:.1f}s since start)")
     extra = {"real_size": {"memory_plan": plan, "build_s": build_s, "approximations": REAL_SIZE_NOTES}}

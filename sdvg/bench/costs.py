@@ -101,7 +101,7 @@ def segment_min_wall(runs: Sequence[RunMeasure]) -> float:
 
 
 def pattern_counts(accept: Sequence[bool], *, steps: Sequence[int], policy: CachePolicy | None = None,
-                   scored: bool = True, refine_from_step: int | None = None) -> dict[str, int]:
+                   scored: bool = True, refine_from_step: int | None = None, cascade: bool = False) -> dict[str, int]:
     """Calls a plain (non-pipelined) run needs for an acceptance pattern over drafted blocks 1..N-1 (block 0 is the
     target's), from the cache policy's rules (default: recompute with Krea's first frame).
 
@@ -109,7 +109,8 @@ def pattern_counts(accept: Sequence[bool], *, steps: Sequence[int], policy: Cach
     model's cache does not hold (policies that write history: global and noisy; a model holds the blocks it made
     itself only where the last denoising call's K/V are final, noisy). A rejected block is decoded twice (the draft,
     then the target's block); refine-on-reject from step k runs the target's steps k..n-1 only; the context
-    re-encodes are one per block, shared by both models.
+    re-encodes are one per block, shared by both models. With ``cascade`` an accepted draft is scored in two calls
+    (the subset, then the rest) and a rejected one in one (the subset: the pattern stands in for what it finds).
     """
     policy = policy or CacheConfig().policy()
     n = len(steps)
@@ -134,7 +135,7 @@ def pattern_counts(accept: Sequence[bool], *, steps: Sequence[int], policy: Cach
         counts["encode"] += policy.context_encodes(b)
         denoise("drafter", b, steps[b])
         counts["decode"] += 1
-        counts["score"] += 1 if scored else 0
+        counts["score"] += (2 if cascade and accept[b - 1] else 1) if scored else 0
         if accept[b - 1]:
             commit("drafter", b)
             continue

@@ -49,7 +49,8 @@ def row_basics(v, runs: list[RunMeasure], pattern, models, s, result) -> dict:
     if not v.pipelined and v.router in ("random", "scored"):
         policy = CacheConfig(v.regime, window_frames=s.window, sink_frames=s.sinks).policy()
         model_calls = pattern_counts(realized, steps=[len(x) for x in result.settings["schedule"]], policy=policy,
-                                     scored=v.router == "scored", refine_from_step=v.refine_from_step)
+                                     scored=v.router == "scored", refine_from_step=v.refine_from_step,
+                                     cascade=bool(v.cascade))
     latent_hw = (s.height // 8, s.width // 8)
     kv = {}
     for name in ("target", "drafter"):
@@ -60,6 +61,7 @@ def row_basics(v, runs: list[RunMeasure], pattern, models, s, result) -> dict:
     return {
         "name": v.name, "group": v.group, "router": v.router, "level": v.level, "regime": v.regime,
         "schedule": v.schedule, "pipelined": v.pipelined, "refine_from_step": v.refine_from_step,
+        "cascade": v.cascade, "stitch": v.stitch,
         "pattern_expected": list(pattern) if pattern is not None else None,
         "pattern_realized": realized if v.level is not None else None,
         "pattern_ok": (list(pattern) == realized) if pattern is not None else None,
@@ -302,6 +304,9 @@ def format_table(report: dict) -> str:
     lines.append("per-call median (recompute): " + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in rec.items() if v))
     ratio = cm["target_over_drafter_forward"]
     lines.append(f"target/drafter forward cost ratio: {ratio:.1f}×" if ratio else "target/drafter ratio: n/a")
+    if rec.get("target"):
+        lines.append("per-call cost / a target forward: " + ", ".join(
+            f"{k} {rec[k] / rec['target']:.3f}" for k in ("drafter", "decode", "score", "encode") if rec.get(k)))
     lines += _goal_lines(report["goals"])
     m = report["machine"]
     lines.append(f"machine: {m['device']}, {m['cpu_count']} CPUs, torch {m['torch']}, {m['torch_threads']} intra-op thread(s)")

@@ -12,11 +12,12 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..compat import Compat
 from ..errors import ConfigError
 from .report import finish_report
 from .tracing import CallTracer, RunMeasure, peak_rss_bytes, reset_peak_rss
@@ -40,6 +41,7 @@ class BenchSettings:
     sinks: int = 3
     prompt: str = BENCH_PROMPT
     only: tuple[str, ...] = ()  # variant groups or names to run (empty: all)
+    compat: Compat = field(default_factory=Compat)  # our defaults or the authors' behaviours (--compat reference)
     # Rows per interleaved group, each group with its own target-only run (0: every run on its own, one after
     # another; None: 2 on the tiny profile, 0 at real size, where a second live 14B KV cache may not fit).
     interleave: int | None = None

@@ -17,6 +17,8 @@ from ..router import RouterConfig, random_pattern
 
 LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
 ROUTERS = ("target-only", "draft-only", "random", "scored")
+HYBRID_CASCADE = 4  # SDVG-hybrid rows: 4 of 12 frames scored first (the authors' choice)
+HYBRID_STITCH_STEP = 2  # ... and on reject the target finishes the drafter's state from step 2 of 4
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class Variant:
     pipelined: bool = False
     refine_from_step: int | None = None
     group: str = "sweep"
+    cascade: int = 0  # SDVG-hybrid: frames scored first (a rejected draft is scored on these only: the best case)
+    stitch: bool = False  # SDVG-hybrid: step stitch at refine_from_step
 
     @property
     def baseline_key(self) -> str:
@@ -38,12 +42,17 @@ class Variant:
 
 
 def default_variants(profile: str = "tiny", levels: Sequence[float] = LEVELS) -> list[Variant]:
-    """The default rows. ``tiny``: everything; ``real-size``: the scored (real-cost) rows only."""
+    """The default rows. ``tiny``: everything; ``real-size``: the scored (real-cost) rows only; ``paper-ratio``: the
+    scored and the hybrid rows."""
     pct = {lv: f"{round(lv * 100)}%" for lv in levels}
     rows = [
         Variant("target-only", "target-only", group="baseline"),
         Variant("draft-only", "draft-only", group="baseline"),
     ]
+    if profile == "paper-ratio":
+        return [*rows, *(Variant(f"scored @{pct[lv]}", "scored", lv, group="scored") for lv in levels),
+                *(Variant(f"hybrid @{pct[lv]}", "scored", lv, refine_from_step=HYBRID_STITCH_STEP,
+                          cascade=HYBRID_CASCADE, stitch=True, group="hybrid") for lv in levels)]
     if profile == "tiny":
         rows += [Variant(f"random @{pct[lv]}", "random", lv, group="random") for lv in levels]
     rows += [Variant(f"scored @{pct[lv]}", "scored", lv, group="scored") for lv in levels]
@@ -51,6 +60,8 @@ def default_variants(profile: str = "tiny", levels: Sequence[float] = LEVELS) ->
     rows += [Variant(f"pipelined @{pct[lv]}", "scored", lv, pipelined=True, group="pipelined") for lv in piped]
     mid = 0.5 if 0.5 in levels else levels[len(levels) // 2]
     hi = 0.75 if 0.75 in levels else levels[-1]
+    rows += [Variant(f"hybrid @{pct[lv]}", "scored", lv, refine_from_step=HYBRID_STITCH_STEP, cascade=HYBRID_CASCADE,
+                     stitch=True, group="hybrid") for lv in levels]
     rows += [
         Variant(f"refine@2 @{pct.get(mid, mid)}", "scored", mid, refine_from_step=2, group="refine"),
         Variant("target-only noisy", "target-only", regime="noisy", group="noisy"),
@@ -94,12 +105,13 @@ def configs(v: Variant, s, pattern: tuple[bool, ...] | None):
     if v.router not in ROUTERS:
         raise ConfigError(f"Unknown bench router {v.router!r}; use one of {', '.join(ROUTERS)}.")
     if v.router in ("random", "scored"):
-        router = RouterConfig(mode="pattern", pattern=pattern, score_drafts=v.router == "scored")
+        router = RouterConfig(mode="pattern", pattern=pattern, score_drafts=v.router == "scored", cascade=v.cascade)
     else:
         router = RouterConfig(mode=v.router)
     config = SamplerConfig(
         num_blocks=s.blocks, width=s.width, height=s.height, seed=s.seed,
         cache=CacheConfig(regime=v.regime, window_frames=s.window, sink_frames=s.sinks),
-        schedule=v.schedule, pipelined=v.pipelined, refine_from_step=v.refine_from_step,
+        schedule=v.schedule, pipelined=v.pipelined, refine_from_step=v.refine_from_step, compat=s.compat,
+        stitch=v.stitch,
     )
     return router, config
