@@ -10,7 +10,7 @@ from __future__ import annotations
 
 def node_classes() -> list[type]:
     """The V3 node classes of this pack (imports ``comfy_api``; call only inside ComfyUI or with a stub)."""
-    from .conditioning import SDVGTextEncode
+    from .conditioning import SDVGPromptSchedule, SDVGTextEncode
     from .core_model import SDVGDiTFromModel
     from .loaders import SDVGModelLoader, SDVGRewardLoader, SDVGTextEncoderLoader, SDVGVAELoader
     from .lora import SDVGLoraLoader
@@ -26,6 +26,7 @@ def node_classes() -> list[type]:
         SDVGRewardLoader,
         SDVGDiTFromModel,
         SDVGTextEncode,
+        SDVGPromptSchedule,
         SDVGRewardRouter,
         SDVGSpeculativeSampler,
         SDVGReport,

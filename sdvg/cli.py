@@ -80,22 +80,51 @@ class _StopSignals:
         return EXIT_SIGTERM if self.received == signal.SIGTERM else EXIT_CANCELLED
 
 
-def _write_outputs(result, plan, log) -> list[str]:
-    """Write every planned output that has content, the report first (small, and it explains the rest). A failing
-    output is reported and the others are still written. Returns the failures' messages."""
+class _StreamedVideo:
+    """``--out`` written block by block as the video is made (no whole video in RAM). A failing write stops the
+    stream (nothing is left behind) and is reported with the other outputs; the run goes on."""
+
+    def __init__(self, path, max_frames: int | None) -> None:
+        from .video import Mp4Stream
+
+        self.stream = Mp4Stream(path, max_frames=max_frames) if path is not None else None
+        self.failure: Exception | None = None
+
+    def write(self, event) -> None:
+        if self.stream is None or self.failure is not None:
+            return
+        try:
+            self.stream.write(event.frames)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not cost the run or the other outputs
+            self.failure = exc
+
+    def finish(self, path):
+        if self.failure is not None:
+            raise self.failure
+        return self.stream.close()
+
+    @property
+    def empty(self) -> bool:
+        return self.stream is not None and self.failure is None and self.stream.frames_written == 0
+
+
+def _write_outputs(result, plan, log, video: _StreamedVideo) -> list[str]:
+    """Write every planned output that has content, the report first (small, and it explains the rest); the video
+    was streamed during the run and is finished here. A failing output is reported and the others are still written.
+    Returns the failures' messages."""
     from .outputs import OUTPUTS
     from .report import write_report, write_timeline
-    from .video import save_tensor_file, to_uint8, write_mp4
+    from .video import save_tensor_file, to_uint8
 
     report, frames, meta = result.report(), result.frames, {"partial": result.partial}
     writers = {
         "report": lambda p: write_report(report, p),
-        "video": lambda p: write_mp4(frames, p),
+        "video": video.finish,
         "latents": lambda p: save_tensor_file(p, "latents", result.latents, meta),
         "frames": lambda p: save_tensor_file(p, "frames", to_uint8(frames), meta),
         "timeline": lambda p: write_timeline(report, p),
     }
-    empty = {"video": not frames.shape[0], "frames": not frames.shape[0], "latents": not result.latents.numel()}
+    empty = {"video": video.empty, "frames": not frames.shape[0], "latents": not result.latents.numel()}
     failures = []
     for role, write in writers.items():
         path = plan[role]
@@ -109,7 +138,7 @@ def _write_outputs(result, plan, log) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - any failure of one output must not cost the others
             failures.append(f"could not write {OUTPUTS[role][0]} {path}: {type(exc).__name__}: {exc}")
             continue
-        log(f"wrote {path}" + (f" ({frames.shape[0]} frames)" if role == "video" else ""))
+        log(f"wrote {path}" + (f" ({video.stream.frames_written} frames)" if role == "video" else ""))
     return failures
 
 
@@ -128,19 +157,38 @@ def cmd_generate(args) -> int:
     # every setting and every output path is checked before a model loads: a typo never costs a 28 GB load
     router = cli_args.router_config_from_args(args)
     source = cli_args.model_source(args, log=log)
-    config = cli_args.sampler_config_from_args(args, source.tiny)
+    # frames go to --out as they come; only --save-frames/--save-latents need the whole video in RAM
+    config = cli_args.sampler_config_from_args(args, source.tiny, keep_output=bool(args.save_frames or args.save_latents))
     replace(router, num_blocks=config.num_blocks).validate()  # what depends on the length (a pattern's)
+    prompt = args.prompt
+    if args.prompt_schedule is not None:
+        from .prompt_schedule import PromptSchedule
+
+        prompt = PromptSchedule.parse(args.prompt_schedule, blend_blocks=args.blend_blocks)
+        prompt.check_blocks(config.num_blocks)
+    elif args.blend_blocks:
+        raise ConfigError("--blend-blocks goes with --prompt-schedule.")
     plan = plan_outputs({"video": args.out, "report": args.report, "timeline": args.timeline,
                          "latents": args.save_latents, "frames": args.save_frames})
     models = cli_args.load_from_source(source, args, need=roles_needed(router))
     sampler = SpeculativeSampler(models, router, config)
     progress, fault = _Progress(config.num_blocks), None
+    video = _StreamedVideo(plan["video"], config.num_frames)
+
+    def on_block(event) -> None:
+        video.write(event)
+        progress.block(event)
+
     with _StopSignals(log) as stop:
         try:
-            result = sampler.run(args.prompt, on_block=progress.block, on_step=progress.step, cancel=stop.requested)
+            result = sampler.run(prompt, on_block=on_block, on_step=progress.step, cancel=stop.requested)
         except RunFailed as exc:  # a fault in one block: the finished ones are still written
             result, fault = exc.result, str(exc)
-    failures = _write_outputs(result, plan, log)
+        except BaseException:
+            if video.stream is not None:
+                video.stream.abort()
+            raise
+    failures = _write_outputs(result, plan, log, video)
     sys.stdout.write(summarize(result.report()) + "\n")
     for message in ([fault] if fault else []) + failures:
         log(f"error: {message}")
@@ -277,7 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate one video")
-    gen.add_argument("--prompt", required=True)
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt")
+    prompt.add_argument("--prompt-schedule", help="a prompt timeline: '0:a fox in snow|4:the fox jumps' (prompts start "
+                        "at those blocks) or a .json file ([{\"block\": 0, \"prompt\": ...}, ...])")
+    gen.add_argument("--blend-blocks", type=int, default=0, help="--prompt-schedule: interpolate the text embeddings "
+                     "over this many blocks after each switch (Krea); 0 = switch at once")
     cli_args.add_model_args(gen)
     cli_args.add_sampling_args(gen)
     out = gen.add_argument_group("outputs")

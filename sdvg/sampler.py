@@ -30,7 +30,8 @@ from .history import BlockHistory, DenoiseResult, HistoryBlock
 from .hooks import CallObserver, Hooks
 from .meter import RunMeter
 from .pipeline import SDVGModels
-from .results import BlockEvent, BlockRecord, FrameBuffer, SDVGResult, StepEvent
+from .prompt_schedule import PromptSchedule
+from .results import BlockEvent, BlockRecord, FrameBuffer, FrameTail, SDVGResult, StepEvent
 from .router import Router, RouterConfig, RouteRecord
 from .sampler_config import SamplerConfig
 from .scheduler import FlowMatchScheduler, NoiseBank
@@ -39,6 +40,10 @@ from .verify import Draft, last_token, make_verifier
 logger = logging.getLogger(__name__)
 
 EARLY_EXIT_CHUNK = 3  # frames scored per forward when the router may stop at the first frame below τ
+# keep_output=False: a model that made none of the last CATCH_UP_BACKLOG blocks writes them into its cache now
+# (the forwards it would pay when it next runs; same K/V), so the history it would read need not be kept
+CATCH_UP_BACKLOG = 8
+UNUSED_MODEL = {"draft-only": "target", "target-only": "drafter"}  # the model a routing mode never runs
 
 __all__ = ["SamplerConfig", "SpeculativeSampler", "BlockEvent", "BlockRecord", "SDVGResult", "StepEvent",
            "pixel_frames_for_blocks"]
@@ -130,7 +135,7 @@ class SpeculativeSampler:
         cfg.cache.policy().check_length(cfg.num_blocks * FRAMES_PER_BLOCK, rope_len)
 
     # ------------------------------------------------------------------ public API
-    def run(self, prompt: str, *, on_block: Callable[[BlockEvent], None] | None = None, **kwargs) -> SDVGResult:
+    def run(self, prompt: str | PromptSchedule, *, on_block: Callable[[BlockEvent], None] | None = None, **kwargs) -> SDVGResult:
         gen = self.generate(prompt, **kwargs)
         try:
             while True:
@@ -145,15 +150,16 @@ class SpeculativeSampler:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | PromptSchedule,
         *,
-        prompt_embeds: torch.Tensor | None = None,
+        prompt_embeds: torch.Tensor | Sequence[torch.Tensor] | None = None,
         cancel: Callable[[], bool] | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         observers: Sequence[CallObserver] = (),
     ) -> Generator[BlockEvent, None, SDVGResult]:
-        """``cancel()`` is polled before every denoising step; ``on_step`` gets a :class:`StepEvent` per step;
-        ``observers`` hear every model call of this run (see ``hooks.py``)."""
+        """``prompt`` is one prompt or a :class:`PromptSchedule` (then ``prompt_embeds``, if given, is one tensor per
+        scheduled prompt). ``cancel()`` is polled before every denoising step; ``on_step`` gets a :class:`StepEvent`
+        per step; ``observers`` hear every model call of this run (see ``hooks.py``)."""
         run = _Run(self, prompt, prompt_embeds, cancel, on_step, observers)
         fault = None
         try:
@@ -204,6 +210,10 @@ class _Run:
     """State of one generation, kept apart so one sampler can serve many prompts."""
 
     def __init__(self, sampler: SpeculativeSampler, prompt, prompt_embeds, cancel, on_step, observers):
+        self.prompts = prompt if isinstance(prompt, PromptSchedule) else None  # a prompt timeline
+        if self.prompts is not None:
+            self.prompts.check_blocks(sampler.config.num_blocks)
+            prompt = self.prompts.prompt_at(0)
         if not isinstance(prompt, str):
             raise ConfigError("The prompt must be a string (the reward model scores frames against it).")
         self.s, self.prompt, self.cancel, self.user_on_step = sampler, prompt, cancel, on_step
@@ -217,7 +227,10 @@ class _Run:
         self.vae, self.reward = models.vae, models.reward
         self.vae.reset(decoder=compat.vae_decoder)
         self.aux_device = torch.device(getattr(self.vae, "device", "cpu"))
-        self.frames = FrameBuffer(pixel_frames_for_blocks(cfg.num_blocks), cfg.height, cfg.width)
+        if cfg.keep_output:
+            self.frames = FrameBuffer(pixel_frames_for_blocks(cfg.num_blocks), cfg.height, cfg.width)
+        else:  # long videos: frames reach on_block only; the run holds the last blocks (flat memory)
+            self.frames = FrameTail(cfg.height, cfg.width)
         self.noise = NoiseBank(cfg.seed, (1, LATENT_CHANNELS, FRAMES_PER_BLOCK, *cfg.latent_hw), sampler.schedule)
         names = [name for name in ("target", "drafter") if getattr(models, name) is not None]
         self.meter = RunMeter(names)
@@ -231,6 +244,7 @@ class _Run:
         denoisers = {}
         for name in names:
             den = BlockDenoiser(getattr(models, name), cfg.cache, name=name, hooks=self.hooks)
+            den.prompts = self.prompts
             if den.policy.reencodes_first_frame:
                 den.first_frame_hook = context
             den.start(embeds.to(den.device), latent_shape=cfg.latent_hw, num_frames=cfg.num_blocks * FRAMES_PER_BLOCK)
@@ -238,10 +252,20 @@ class _Run:
         return denoisers
 
     def _encode_prompt(self, prompt_embeds):
-        if prompt_embeds is None:
-            if self.s.models.text_encoder is None:
-                raise ConfigError("No text encoder and no prompt embeddings were given.")
-            prompt_embeds = self.s.models.text_encoder.encode(self.prompt)
+        """Block 0's embeddings (every scheduled prompt is embedded once, up front)."""
+        if self.prompts is not None:
+            self.prompts.encode(self._embed, prompt_embeds)
+            for e in self.prompts.embeddings:
+                self._check_embeds(e)
+            return self.prompts.embeds_for(self.prompts.conditioning_key(0))
+        return self._check_embeds(self._embed(self.prompt) if prompt_embeds is None else prompt_embeds)
+
+    def _embed(self, prompt: str) -> torch.Tensor:
+        if self.s.models.text_encoder is None:
+            raise ConfigError("No text encoder and no prompt embeddings were given.")
+        return self.s.models.text_encoder.encode(prompt)
+
+    def _check_embeds(self, prompt_embeds):
         dit = self.s.models.target if self.s.models.target is not None else self.s.models.drafter
         want = int(dit.config["text_dim"])
         if not torch.is_tensor(prompt_embeds) or prompt_embeds.ndim != 3 or prompt_embeds.shape[0] != 1 \
@@ -251,6 +275,16 @@ class _Run:
                               f"got {got}.")
         return prompt_embeds
 
+    def prompt_at(self, block: int) -> str:
+        """The prompt ``block`` is scored against."""
+        return self.prompt if self.prompts is None else self.prompts.prompt_at(block)
+
+    def _anchors_at(self, block: int) -> bool:
+        """A prompt switch under the relative threshold: the target makes the block and sets the new reference."""
+        c = self.router.config
+        return self.prompts is not None and block in self.prompts.switches and c.mode == "reward" \
+            and c.threshold == "relative"
+
     @property
     def drafter_device(self) -> torch.device:
         return self.denoisers["drafter"].device
@@ -258,6 +292,8 @@ class _Run:
     # ---------------------------------------------------------------- one block: SPEC §1
     def block(self, b: int) -> BlockEvent:
         timings: dict[str, float] = {}
+        if self._anchors_at(b):
+            self.router.reanchor()
         forced = self.router.forced_target(b)
         if forced is not None:  # 1. block 0 anchors composition: the target makes it, no draft
             result = self._denoise("target", b, self.history, timings)
@@ -273,7 +309,8 @@ class _Run:
 
     # ---------------------------------------------------------------- the steps' parts (VerifyHost for the verifier)
     def draftable(self, block: int) -> bool:
-        return block < self.s.config.num_blocks and self.router.forced_target(block) is None
+        return block < self.s.config.num_blocks and self.router.forced_target(block) is None \
+            and not self._anchors_at(block)
 
     def draft_on(self, block: int, history: BlockHistory, timings: dict) -> Draft:
         cfg = self.s.config  # step stitch keeps the drafter's x0 of step k − 1 for a rejecting target
@@ -299,9 +336,9 @@ class _Run:
                 )
             return frames
 
-    def score(self, frames: torch.Tensor, timings: dict) -> torch.Tensor:
+    def score(self, block: int, frames: torch.Tensor, timings: dict) -> torch.Tensor:
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            return self.reward.score(frames, self.prompt, preprocess=self.compat.reward_preprocess)
+            return self.reward.score(frames, self.prompt_at(block), preprocess=self.compat.reward_preprocess)
 
     def route(self, block: int, frames: torch.Tensor, timings: dict) -> RouteRecord:
         """Score the draft's frames when the router wants scores, and decide."""
@@ -311,9 +348,10 @@ class _Run:
         if router.cascade_split(int(frames.shape[0])) is not None:  # SDVG-hybrid: a subset of the frames first
             return router.decide_cascade(block, int(frames.shape[0]), lambda idx: self.score(frames[idx], timings))
         if not router.can_exit_early:
-            return router.decide(block, self.score(frames, timings))
+            return router.decide(block, self.score(block, frames, timings))
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            chunks = self.reward.score_chunks(frames, self.prompt, EARLY_EXIT_CHUNK, preprocess=self.compat.reward_preprocess)
+            chunks = self.reward.score_chunks(frames, self.prompt_at(block), EARLY_EXIT_CHUNK,
+                                              preprocess=self.compat.reward_preprocess)
             return router.decide_streaming(block, chunks)
 
     def _step_hook(self, block: int, model: str):
@@ -361,7 +399,7 @@ class _Run:
         if route is None:
             scores = None
             if self.router.wants_reference_score(b):
-                scores = self.score(frames, timings)
+                scores = self.score(b, frames, timings)
                 self.router.observe_reference(b, scores)
             route = self.router.forced_record(b, forced_reason, scores)
         self.history.append(HistoryBlock.of(b, result))
@@ -370,15 +408,40 @@ class _Run:
     def _finish(self, b, frames, route: RouteRecord, produced_by, drafted, timings) -> BlockEvent:
         with self.meter.phase(timings, "output"):
             out = self.frames.append(frames)
+        if not self.s.config.keep_output:
+            self._drop_old_history(timings)
         record = BlockRecord(
             block=b, decision=route.decision, reason=route.reason, produced_by=produced_by,
             steps=len(self.s.schedule[b]), q=route.q, scores=list(route.scores), tau=route.tau,
             aggregation=route.aggregation, drafted=drafted, timings=timings, forwards=self.meter.block_forwards(),
+            prompt=self.prompt_at(b) if self.prompts is not None and b in self.prompts.switches else None,
         )
         self.records.append(record)
         if b == 0 and self.compat.dropped_frames:  # the reference shows 6 frames of block 0 (all 9 stay context)
             out = out[self.compat.dropped_frames:]
-        return BlockEvent(b, out, record)
+        return BlockEvent(b, out, record, self.footprint())
+
+    def footprint(self) -> dict:
+        kv = {name: (den.kv.nbytes, len(den.kv.frames)) for name, den in self.denoisers.items() if den.kv is not None}
+        return {"kv_bytes": {n: v[0] for n, v in kv.items()}, "kv_frames": {n: v[1] for n, v in kv.items()},
+                "history_blocks": len(self.history.blocks), "frames_held": getattr(self.frames, "held_frames",
+                                                                                  self.frames.count),
+                "vae_bytes": self.vae.cache_nbytes}
+
+    def _drop_old_history(self, timings: dict) -> None:
+        """Forget the latents no cache will read any more (keeping the last two blocks): flat memory."""
+        hist = self.history
+        keep = len(hist) - 2
+        for name, den in self.denoisers.items():
+            if UNUSED_MODEL.get(self.s.router_config.mode) == name:
+                continue
+            need = den.policy.needed_from(den, hist)
+            if len(hist) - need > CATCH_UP_BACKLOG:
+                with self.meter.phase(timings, "cache", den.device):
+                    den.sync(hist)
+                need = den.policy.needed_from(den, hist)
+            keep = min(keep, need)
+        hist.drop_before(keep)
 
     # ---------------------------------------------------------------- end
     def close(self) -> None:
@@ -393,7 +456,7 @@ class _Run:
             frames = frames[: cfg.num_frames]
         if cfg.output_dtype == "uint8":
             frames = (frames * 255.0).round_().clamp_(0, 255).to(torch.uint8)
-        latents = self.history.latents() if len(self.history) else torch.empty(0)
+        latents = self.history.latents() if len(self.history) and self.history.complete else torch.empty(0)
         totals = self.meter.totals(self.records, self.s.policy, cfg.num_blocks)
         return SDVGResult(frames, latents, self.records, self.partial, totals, self.settings())
 
@@ -409,10 +472,13 @@ class _Run:
             "window_frames": cfg.cache.window_frames,
             "sink_frames": cfg.cache.sink_frames,
             "first_frame": cfg.cache.first_frame,
+            "positions": cfg.cache.positions,
+            "keep_output": cfg.keep_output,
             "schedule": self.s.schedule,
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,
             "stitch": cfg.stitch,
             "compat": cfg.compat.to_dict(),
             "router": self.s.router_config.to_dict(),
+            "prompt_schedule": self.prompts.to_dict() if self.prompts is not None else None,
         }

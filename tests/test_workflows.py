@@ -29,9 +29,10 @@ def _load(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def test_the_four_workflows_exist():
+def test_the_workflows_exist():
     names = {p.stem for p in UI_FILES}
-    assert names == {"sdvg_speculative_t2v", "sdvg_target_only_baseline", "sdvg_diagonal_noisy_cache", "sdvg_tiny_cpu"}
+    assert names == {"sdvg_speculative_t2v", "sdvg_target_only_baseline", "sdvg_diagonal_noisy_cache", "sdvg_tiny_cpu",
+                     "sdvg_long_video", "sdvg_prompt_timeline"}
 
 
 @pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.stem)
