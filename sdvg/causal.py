@@ -174,7 +174,7 @@ class BlockDenoiser:
             raise ConfigError("denoise needs at least one timestep.")
         if len(noise.renoise) < n - 1:
             raise ConfigError(f"Block noise has {len(noise.renoise)} re-noise tensors; {n - 1} are needed.")
-        if not 0 <= start_step < n:
+        if not 0 <= start_step <= n or (start_step == n and x0_init is None):
             raise ConfigError(f"start_step {start_step} is outside 0..{n - 1}.")
         if start_step > 0 and x0_init is None:
             raise ConfigError("Refine-on-reject (start_step > 0) needs x0_init.")
@@ -189,7 +189,8 @@ class BlockDenoiser:
         x0_init: torch.Tensor | None = None, on_step: Callable[[int, int], None] | None = None,
         keep_x0_step: int | None = None,
     ) -> DenoiseResult:
-        """Few-step denoise of one block from ``noise`` (or refine from ``x0_init`` at ``start_step``).
+        """Few-step denoise of one block from ``noise`` (or refine from ``x0_init`` at ``start_step``; ``start_step =
+        len(timesteps)`` keeps ``x0_init`` as it is: video-to-video at strength 0).
 
         ``on_step(i, n)`` runs before each denoising call (not before the recompute context refill); an exception
         it raises (``CancelledError``) propagates. ``forwards`` in the result includes the refill. ``keep_x0_step``:
@@ -204,6 +205,10 @@ class BlockDenoiser:
             frame = self.policy.place_block(self, block)
             if start_step == 0:
                 x = self.prep(noise.initial)
+            elif start_step == n:  # nothing to denoise: the block is x0_init, written clean if the cache keeps it
+                x = self.prep(x0_init)
+                if self.policy.keeps_denoised_block:
+                    self.call(x, 0.0, frame)
             else:
                 x = renoise(self.prep(x0_init), self.prep(noise.renoise[start_step - 1]), sigmas[start_step])
             x0 = x
@@ -217,7 +222,7 @@ class BlockDenoiser:
                     kept = x0
                 if i < n - 1:
                     x = renoise(x0, self.prep(noise.renoise[i]), sigmas[i + 1])
-        result = DenoiseResult(x0=x0, last_noisy=x, last_t=float(timesteps[n - 1]), forwards=self.forwards - before,
-                               x0_kept=kept)
+        last_t = float(timesteps[n - 1]) if start_step < n else 0.0
+        result = DenoiseResult(x0=x0, last_noisy=x, last_t=last_t, forwards=self.forwards - before, x0_kept=kept)
         self.policy.after_denoise(self, block, result.token)
         return result

@@ -168,33 +168,68 @@ def cmd_generate(args) -> int:
         prompt.check_blocks(config.num_blocks)
     elif args.blend_blocks:
         raise ConfigError("--blend-blocks goes with --prompt-schedule.")
+    _check_init_video(args, config)
     plan = plan_outputs({"video": args.out, "report": args.report, "timeline": args.timeline,
                          "latents": args.save_latents, "frames": args.save_frames})
     models = cli_args.load_from_source(source, args, need=roles_needed(router))
+    video = _init_video(args, config, models.vae)
     sampler = SpeculativeSampler(models, router, config)
     progress, fault = _Progress(config.num_blocks), None
-    video = _StreamedVideo(plan["video"], config.num_frames)
+    stream = _StreamedVideo(plan["video"], config.num_frames)
 
     def on_block(event) -> None:
-        video.write(event)
+        stream.write(event)
         progress.block(event)
 
     with _StopSignals(log) as stop:
         try:
-            result = sampler.run(prompt, on_block=on_block, on_step=progress.step, cancel=stop.requested)
+            result = sampler.run(prompt, on_block=on_block, on_step=progress.step, cancel=stop.requested, video=video)
         except RunFailed as exc:  # a fault in one block: the finished ones are still written
             result, fault = exc.result, str(exc)
         except BaseException:
-            if video.stream is not None:
-                video.stream.abort()
+            if stream.stream is not None:
+                stream.stream.abort()
             raise
-    failures = _write_outputs(result, plan, log, video)
+    failures = _write_outputs(result, plan, log, stream)
     sys.stdout.write(summarize(result.report()) + "\n")
     for message in ([fault] if fault else []) + failures:
         log(f"error: {message}")
     if fault or failures:
         return EXIT_ERROR
     return stop.exit_code if result.partial else EXIT_OK
+
+
+def _check_init_video(args, config) -> None:
+    """--init-video/--strength, before any model loads: the file, its size and the strength."""
+    from pathlib import Path
+
+    from .conditioning_frames import check_strength
+    from .video import probe_video
+
+    if args.init_video is None:
+        if args.strength is not None:
+            raise ConfigError("--strength goes with --init-video.")
+        return
+    if args.strength is None:
+        raise ConfigError("--init-video needs --strength (0 = the video itself … 1 = text-to-video), e.g. 0.6.")
+    check_strength(args.strength)
+    if not Path(args.init_video).is_file():
+        raise ConfigError(f"--init-video {args.init_video} does not exist.")
+    size = probe_video(args.init_video)
+    if size != (config.width, config.height):
+        raise ConfigError(f"--init-video is {size[0]}×{size[1]} but the output is {config.width}×{config.height}; "
+                          f"pass --width {size[0]} --height {size[1]} (multiples of 16) or resize the video.")
+
+
+def _init_video(args, config, vae):
+    if args.init_video is None:
+        return None
+    from .blocks import pixel_frames_for_blocks
+    from .conditioning_frames import VideoToVideo
+    from .video import read_video_frames
+
+    frames = read_video_frames(args.init_video, pixel_frames_for_blocks(config.num_blocks))
+    return VideoToVideo.from_frames(vae, frames, args.strength, config.num_blocks)
 
 
 def add_eval_parser(subparsers) -> None:
@@ -333,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "over this many blocks after each switch (Krea); 0 = switch at once")
     cli_args.add_model_args(gen)
     cli_args.add_sampling_args(gen)
+    v2v = gen.add_argument_group("video-to-video")
+    v2v.add_argument("--init-video", help="video-to-video: denoise this video's frames (same size as the output) "
+                     "instead of noise, each block from --strength (Krea)")
+    v2v.add_argument("--strength", type=float, default=None, help="--init-video: 1 = text-to-video (ignore the video), "
+                     "0 = the video itself; e.g. 0.6")
     out = gen.add_argument_group("outputs")
     out.add_argument("--out", required=True, help="output .mp4")
     out.add_argument("--report", help="report JSON")

@@ -24,6 +24,7 @@ import torch
 
 from .blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS, pixel_frames_for_blocks
 from .causal import BlockDenoiser
+from .conditioning_frames import VideoToVideo
 from .context_frames import ContextFrames
 from .errors import CancelledError, ConfigError, NonFiniteError, RunFailed
 from .history import BlockHistory, DenoiseResult, HistoryBlock
@@ -156,11 +157,13 @@ class SpeculativeSampler:
         cancel: Callable[[], bool] | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         observers: Sequence[CallObserver] = (),
+        video: VideoToVideo | None = None,
     ) -> Generator[BlockEvent, None, SDVGResult]:
         """``prompt`` is one prompt or a :class:`PromptSchedule` (then ``prompt_embeds``, if given, is one tensor per
         scheduled prompt). ``cancel()`` is polled before every denoising step; ``on_step`` gets a :class:`StepEvent`
-        per step; ``observers`` hear every model call of this run (see ``hooks.py``)."""
-        run = _Run(self, prompt, prompt_embeds, cancel, on_step, observers)
+        per step; ``observers`` hear every model call of this run (see ``hooks.py``); ``video``: video-to-video
+        (``conditioning_frames.py``)."""
+        run = _Run(self, prompt, prompt_embeds, cancel, on_step, observers, video)
         fault = None
         try:
             for block in range(self.config.num_blocks):
@@ -209,7 +212,7 @@ def describe_fault(exc: BaseException, finished: int) -> str:
 class _Run:
     """State of one generation, kept apart so one sampler can serve many prompts."""
 
-    def __init__(self, sampler: SpeculativeSampler, prompt, prompt_embeds, cancel, on_step, observers):
+    def __init__(self, sampler: SpeculativeSampler, prompt, prompt_embeds, cancel, on_step, observers, video=None):
         self.prompts = prompt if isinstance(prompt, PromptSchedule) else None  # a prompt timeline
         if self.prompts is not None:
             self.prompts.check_blocks(sampler.config.num_blocks)
@@ -219,6 +222,11 @@ class _Run:
         self.s, self.prompt, self.cancel, self.user_on_step = sampler, prompt, cancel, on_step
         cfg, models = sampler.config, sampler.models
         compat = self.compat = cfg.compat
+        self.video = video
+        if video is not None:
+            video.check_fits(cfg.num_blocks, cfg.latent_hw)
+            if cfg.refine_from_step is not None:
+                raise ConfigError("refine_from_step and video-to-video both choose where a block starts; use one.")
         pooled = sampler.pooled_scores if compat.threshold_state == "pooled" else None
         self.router = Router(sampler.router_config, shared_history=pooled)
         self.partial = False
@@ -374,6 +382,9 @@ class _Run:
         with self.meter.phase(timings, "cache", den.device):
             den.sync(history)
         noise = self.noise.get(block, den.device, den.dtype)
+        if self.video is not None:  # video-to-video: the block starts from the input's latents at the strength
+            kwargs = {**kwargs, "start_step": self.video.start_step(self.s.schedule[block]),
+                      "x0_init": self.video.block(block)}
         with self.meter.denoise(model, timings, den.device):
             result = den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model), **kwargs)
             if model == "target" and not _finite(result.x0):  # a drafter's NaN only rejects its draft (draft_on)
@@ -412,7 +423,7 @@ class _Run:
             self._drop_old_history(timings)
         record = BlockRecord(
             block=b, decision=route.decision, reason=route.reason, produced_by=produced_by,
-            steps=len(self.s.schedule[b]), q=route.q, scores=list(route.scores), tau=route.tau,
+            steps=len(self.s.schedule[b]) - (self.video.start_step(self.s.schedule[b]) if self.video else 0), q=route.q, scores=list(route.scores), tau=route.tau,
             aggregation=route.aggregation, drafted=drafted, timings=timings, forwards=self.meter.block_forwards(),
             prompt=self.prompt_at(b) if self.prompts is not None and b in self.prompts.switches else None,
         )
@@ -481,4 +492,5 @@ class _Run:
             "compat": cfg.compat.to_dict(),
             "router": self.s.router_config.to_dict(),
             "prompt_schedule": self.prompts.to_dict() if self.prompts is not None else None,
+            "v2v_strength": self.video.strength if self.video is not None else None,
         }

@@ -142,6 +142,34 @@ def read_mp4_frame_count(path: str | Path) -> int:
         return sum(1 for _ in container.decode(video=0))
 
 
+def probe_video(path: str | Path) -> tuple[int, int]:
+    """(width, height) of a video file's first stream, without decoding it; ConfigError if it is no video."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            return int(stream.codec_context.width), int(stream.codec_context.height)
+    except (av.error.FFmpegError, IndexError) as exc:
+        raise ConfigError(f"{path} is not a video file PyAV can read ({exc}).") from exc
+
+
+def read_video_frames(path: str | Path, max_frames: int | None = None) -> torch.Tensor:
+    """The first ``max_frames`` frames of a video file as float ``[N, H, W, 3]`` in [0, 1]."""
+    import av
+    import numpy as np
+
+    frames = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            frames.append(frame.to_ndarray(format="rgb24"))
+            if max_frames is not None and len(frames) >= max_frames:
+                break
+    if not frames:
+        raise ConfigError(f"{path} has no video frames.")
+    return torch.from_numpy(np.stack(frames)).float().div_(255.0)
+
+
 def save_tensor_file(path: str | Path, name: str, tensor: torch.Tensor, metadata: dict | None = None) -> Path:
     """One tensor as safetensors (atomically), marked as an SDVG output so a rerun may overwrite it."""
     from safetensors.torch import save_file
