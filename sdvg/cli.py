@@ -172,7 +172,7 @@ def cmd_generate(args) -> int:
     plan = plan_outputs({"video": args.out, "report": args.report, "timeline": args.timeline,
                          "latents": args.save_latents, "frames": args.save_frames})
     models = cli_args.load_from_source(source, args, need=roles_needed(router))
-    video = _init_video(args, config, models.vae)
+    video, init = _v2v_video(args, config, models.vae), _init_blocks(args, models.vae)
     sampler = SpeculativeSampler(models, router, config)
     progress, fault = _Progress(config.num_blocks), None
     stream = _StreamedVideo(plan["video"], config.num_frames)
@@ -183,7 +183,8 @@ def cmd_generate(args) -> int:
 
     with _StopSignals(log) as stop:
         try:
-            result = sampler.run(prompt, on_block=on_block, on_step=progress.step, cancel=stop.requested, video=video)
+            result = sampler.run(prompt, on_block=on_block, on_step=progress.step, cancel=stop.requested, video=video,
+                                 init=init)
         except RunFailed as exc:  # a fault in one block: the finished ones are still written
             result, fault = exc.result, str(exc)
         except BaseException:
@@ -200,36 +201,76 @@ def cmd_generate(args) -> int:
 
 
 def _check_init_video(args, config) -> None:
-    """--init-video/--strength, before any model loads: the file, its size and the strength."""
+    """The starting-frames options, before any model loads: files, sizes and the strength."""
     from pathlib import Path
 
     from .conditioning_frames import check_strength
     from .video import probe_video
 
-    if args.init_video is None:
-        if args.strength is not None:
-            raise ConfigError("--strength goes with --init-video.")
-        return
-    if args.strength is None:
-        raise ConfigError("--init-video needs --strength (0 = the video itself … 1 = text-to-video), e.g. 0.6.")
-    check_strength(args.strength)
-    if not Path(args.init_video).is_file():
-        raise ConfigError(f"--init-video {args.init_video} does not exist.")
-    size = probe_video(args.init_video)
-    if size != (config.width, config.height):
-        raise ConfigError(f"--init-video is {size[0]}×{size[1]} but the output is {config.width}×{config.height}; "
-                          f"pass --width {size[0]} --height {size[1]} (multiples of 16) or resize the video.")
+    if (args.v2v_video is None) != (args.strength is None):
+        raise ConfigError("--v2v-video and --strength go together (strength 0 = the video itself … 1 = text-to-video).")
+    if args.strength is not None:
+        check_strength(args.strength)
+    for option in ("init_image", "init_video", "init_latents", "v2v_video"):
+        path = getattr(args, option)
+        flag = "--" + option.replace("_", "-")
+        if path is None:
+            continue
+        if not Path(path).is_file():
+            raise ConfigError(f"{flag} {path} does not exist.")
+        if option == "init_latents":
+            continue
+        size = _image_size(path) if option == "init_image" else probe_video(path)
+        if size != (config.width, config.height):
+            raise ConfigError(f"{flag} is {size[0]}×{size[1]} but the output is {config.width}×{config.height}; pass "
+                              f"--width {size[0]} --height {size[1]} (multiples of 16) or resize it.")
 
 
-def _init_video(args, config, vae):
-    if args.init_video is None:
+def _image_size(path) -> tuple[int, int]:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            return img.size
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ConfigError(f"--init-image {path} is not an image file ({exc}).") from exc
+
+
+def _v2v_video(args, config, vae):
+    if args.v2v_video is None:
         return None
     from .blocks import pixel_frames_for_blocks
     from .conditioning_frames import VideoToVideo
     from .video import read_video_frames
 
-    frames = read_video_frames(args.init_video, pixel_frames_for_blocks(config.num_blocks))
+    frames = read_video_frames(args.v2v_video, pixel_frames_for_blocks(config.num_blocks))
     return VideoToVideo.from_frames(vae, frames, args.strength, config.num_blocks)
+
+
+def _init_blocks(args, vae):
+    from .conditioning_frames import InitBlocks
+
+    if args.init_latents is not None:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return InitBlocks(load_file(args.init_latents)["latents"])
+        except (SafetensorError, KeyError, OSError) as exc:
+            raise ConfigError(f"--init-latents {args.init_latents} is not a --save-latents file ({exc}).") from exc
+    if args.init_image is not None:
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        with Image.open(args.init_image) as img:
+            frame = torch.from_numpy(np.asarray(img.convert("RGB"))).float().div_(255.0)[None]
+        return InitBlocks.from_frames(vae, frame)
+    if args.init_video is not None:
+        from .video import read_video_frames
+
+        return InitBlocks.from_frames(vae, read_video_frames(args.init_video))
+    return None
 
 
 def add_eval_parser(subparsers) -> None:
@@ -368,11 +409,18 @@ def build_parser() -> argparse.ArgumentParser:
                      "over this many blocks after each switch (Krea); 0 = switch at once")
     cli_args.add_model_args(gen)
     cli_args.add_sampling_args(gen)
-    v2v = gen.add_argument_group("video-to-video")
-    v2v.add_argument("--init-video", help="video-to-video: denoise this video's frames (same size as the output) "
-                     "instead of noise, each block from --strength (Krea)")
-    v2v.add_argument("--strength", type=float, default=None, help="--init-video: 1 = text-to-video (ignore the video), "
-                     "0 = the video itself; e.g. 0.6")
+    frames = gen.add_argument_group("starting from frames")
+    init = frames.add_mutually_exclusive_group()
+    init.add_argument("--init-image", help="image-to-video: this image (same size as the output) is held for block 0's "
+                      "9 frames; the rest is generated from it")
+    init.add_argument("--init-video", help="extension: this clip's first 9 + 12k frames become the first k + 1 blocks "
+                      "(given, never drafted or scored); --blocks counts them too")
+    init.add_argument("--init-latents", help="extension: a --save-latents file of a finished run; its blocks come first "
+                      "(the same seed and settings continue that video exactly)")
+    frames.add_argument("--v2v-video", help="video-to-video: denoise this video's frames (same size as the output) "
+                        "instead of noise, each block from --strength (Krea)")
+    frames.add_argument("--strength", type=float, default=None, help="--v2v-video: 1 = text-to-video (ignore the "
+                        "video), 0 = the video itself; e.g. 0.6")
     out = gen.add_argument_group("outputs")
     out.add_argument("--out", required=True, help="output .mp4")
     out.add_argument("--report", help="report JSON")

@@ -1,4 +1,13 @@
-"""Video-to-video (Krea): every block starts from the input video's latents noised to a strength, not from noise.
+"""Starting from frames: given first blocks (image-to-video, extension) and video-to-video.
+
+**Given first blocks** (:class:`InitBlocks`). Frames (an image held for block 0's 9 frames, or the 9 + 12k frames of a
+clip) are encoded by the streaming VAE, or latents (a finished run's ``--save-latents``) are taken as they are; they
+become the first whole blocks of the video: committed history that both models condition on, decoded (which primes
+the VAE decoder's stream) and output, never drafted or scored (their records say ``produced_by = "input"``). The
+sampler generates the remaining blocks. Extending a finished video from its latents continues it exactly: each
+cache is rebuilt from the same history, and block b still uses the noise of (seed, b).
+
+**Video-to-video (Krea)**: every block starts from the input video's latents noised to a strength, not from noise.
 
 At strength ``s`` a block's few-step schedule is truncated to the timesteps ``t ≤ 1000·s``: with ``k`` steps
 dropped, the block starts from ``x = (1 − σ_k)·y_b + σ_k·ε_b,k−1`` (``y_b`` the input's latents of the block,
@@ -27,6 +36,50 @@ def check_strength(strength: float) -> float:
     if not math.isfinite(s) or not 0.0 <= s <= 1.0:
         raise ConfigError(f"The video-to-video strength must be between 0 and 1, got {strength!r}.")
     return s
+
+
+@dataclass
+class InitBlocks:
+    """The latents ``[1, 16, 3·k, h, w]`` of the video's first k blocks, given rather than generated."""
+
+    latents: torch.Tensor
+
+    def __post_init__(self) -> None:
+        lat = self.latents
+        if not torch.is_tensor(lat) or lat.ndim != 5 or lat.shape[0] != 1 or lat.shape[2] % FRAMES_PER_BLOCK \
+                or lat.shape[2] == 0:
+            raise ConfigError(f"Given first blocks need latents [1, 16, 3·k, h, w] (whole blocks of {FRAMES_PER_BLOCK} "
+                              f"latent frames); got {tuple(lat.shape) if torch.is_tensor(lat) else type(lat).__name__}.")
+
+    @classmethod
+    def from_frames(cls, vae, frames: torch.Tensor) -> InitBlocks:
+        """``frames [N, H, W, 3]`` in [0, 1]: one image is held for block 0's 9 frames; a clip gives its first
+        9 + 12k frames (whole blocks; the rest is dropped)."""
+        if frames.ndim != 4 or frames.shape[0] < 1:
+            raise ConfigError(f"Given frames must be [N, H, W, 3]; got {tuple(frames.shape)}.")
+        if frames.shape[0] == 1:
+            frames = frames.expand(pixel_frames_for_blocks(1), -1, -1, -1)
+        blocks = (frames.shape[0] + 3) // 12
+        if blocks < 1:
+            raise ConfigError(f"{frames.shape[0]} frames make no whole block: give one image, or at least 9 frames "
+                              "(9 + 12k make k + 1 blocks).")
+        return cls(vae.encode_video(frames[: pixel_frames_for_blocks(blocks)].contiguous()))
+
+    @property
+    def num_blocks(self) -> int:
+        return self.latents.shape[2] // FRAMES_PER_BLOCK
+
+    def check_fits(self, num_blocks: int, latent_hw: tuple[int, int]) -> None:
+        h, w = self.latents.shape[3:]
+        if (h, w) != tuple(latent_hw):
+            raise ConfigError(f"The given frames are {w * 8}×{h * 8} pixels but the run is {latent_hw[1] * 8}×"
+                              f"{latent_hw[0] * 8}; resize them or change the size.")
+        if self.num_blocks >= num_blocks:
+            raise ConfigError(f"The given frames fill {self.num_blocks} block(s) but the video has {num_blocks}: "
+                              "ask for more blocks, the rest are generated.")
+
+    def block(self, b: int) -> torch.Tensor:
+        return self.latents[:, :, b * FRAMES_PER_BLOCK : (b + 1) * FRAMES_PER_BLOCK]
 
 
 @dataclass

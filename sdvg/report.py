@@ -16,6 +16,7 @@ COLORS = {
     "accept": (46, 160, 67),  # draft accepted
     "reject": (219, 109, 40),  # target regenerated after a rejected draft
     "forced": (70, 110, 200),  # target without a draft (block 0, target-only)
+    "input": (140, 140, 150),  # a given block (image-to-video, extension)
     "tau": (200, 40, 40),
     "text": (30, 30, 30),
     "grid": (215, 215, 215),
@@ -24,7 +25,10 @@ COLORS = {
 
 
 def block_kind(block: dict) -> str:
-    """'accept' (draft kept), 'reject' (draft rejected, target regenerated) or 'forced' (target, no draft)."""
+    """'accept' (draft kept), 'reject' (draft rejected, target regenerated), 'forced' (target, no draft) or 'input'
+    (a given block)."""
+    if block.get("produced_by") == "input":
+        return "input"
     if block.get("produced_by") == "drafter":
         return "accept"
     return "reject" if block.get("drafted") else "forced"

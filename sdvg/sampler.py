@@ -24,7 +24,7 @@ import torch
 
 from .blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS, pixel_frames_for_blocks
 from .causal import BlockDenoiser
-from .conditioning_frames import VideoToVideo
+from .conditioning_frames import InitBlocks, VideoToVideo
 from .context_frames import ContextFrames
 from .errors import CancelledError, ConfigError, NonFiniteError, RunFailed
 from .history import BlockHistory, DenoiseResult, HistoryBlock
@@ -158,15 +158,19 @@ class SpeculativeSampler:
         on_step: Callable[[StepEvent], None] | None = None,
         observers: Sequence[CallObserver] = (),
         video: VideoToVideo | None = None,
+        init: InitBlocks | None = None,
     ) -> Generator[BlockEvent, None, SDVGResult]:
         """``prompt`` is one prompt or a :class:`PromptSchedule` (then ``prompt_embeds``, if given, is one tensor per
         scheduled prompt). ``cancel()`` is polled before every denoising step; ``on_step`` gets a :class:`StepEvent`
-        per step; ``observers`` hear every model call of this run (see ``hooks.py``); ``video``: video-to-video
-        (``conditioning_frames.py``)."""
-        run = _Run(self, prompt, prompt_embeds, cancel, on_step, observers, video)
+        per step; ``observers`` hear every model call of this run (see ``hooks.py``); ``video``: video-to-video,
+        ``init``: given first blocks (``conditioning_frames.py``)."""
+        run = _Run(self, prompt, prompt_embeds, cancel, on_step, observers, video, init)
         fault = None
         try:
-            for block in range(self.config.num_blocks):
+            first = init.num_blocks if init is not None else 0
+            for block in range(first):
+                yield run.given_block(block, init.block(block))
+            for block in range(first, self.config.num_blocks):
                 yield run.block(block)
         except CancelledError:
             run.partial = True
@@ -212,7 +216,8 @@ def describe_fault(exc: BaseException, finished: int) -> str:
 class _Run:
     """State of one generation, kept apart so one sampler can serve many prompts."""
 
-    def __init__(self, sampler: SpeculativeSampler, prompt, prompt_embeds, cancel, on_step, observers, video=None):
+    def __init__(self, sampler: SpeculativeSampler, prompt, prompt_embeds, cancel, on_step, observers, video=None,
+                 init=None):
         self.prompts = prompt if isinstance(prompt, PromptSchedule) else None  # a prompt timeline
         if self.prompts is not None:
             self.prompts.check_blocks(sampler.config.num_blocks)
@@ -222,7 +227,9 @@ class _Run:
         self.s, self.prompt, self.cancel, self.user_on_step = sampler, prompt, cancel, on_step
         cfg, models = sampler.config, sampler.models
         compat = self.compat = cfg.compat
-        self.video = video
+        self.video, self.init = video, init
+        if init is not None:
+            init.check_fits(cfg.num_blocks, cfg.latent_hw)
         if video is not None:
             video.check_fits(cfg.num_blocks, cfg.latent_hw)
             if cfg.refine_from_step is not None:
@@ -314,6 +321,13 @@ class _Run:
         self.vae.restore(check.snapshot)  # 5. reject: back to the VAE state before the draft,
         result = self._regenerate(b, draft, timings)  # the target redoes the block from the same noise
         return self._commit_target(b, result, check.route, None, timings)  # 6. its latents become the context
+
+    def given_block(self, b: int, latents: torch.Tensor) -> BlockEvent:
+        """A block given as input (image-to-video, extension): committed as it is, decoded, never drafted or scored."""
+        timings: dict[str, float] = {}
+        frames = self.decode(latents, timings)
+        self.history.append(HistoryBlock(b, latents, latents, 0.0, DenoiseResult(latents, latents, 0.0, 0).token))
+        return self._finish(b, frames, RouteRecord(b, "input", "given frames"), "input", False, timings)
 
     # ---------------------------------------------------------------- the steps' parts (VerifyHost for the verifier)
     def draftable(self, block: int) -> bool:
@@ -493,4 +507,5 @@ class _Run:
             "router": self.s.router_config.to_dict(),
             "prompt_schedule": self.prompts.to_dict() if self.prompts is not None else None,
             "v2v_strength": self.video.strength if self.video is not None else None,
+            "init_blocks": self.init.num_blocks if self.init is not None else 0,
         }
