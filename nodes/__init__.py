@@ -17,6 +17,7 @@ def node_classes() -> list[type]:
     from .report import SDVGReport
     from .router import SDVGRewardRouter
     from .sampler import SDVGSpeculativeSampler
+    from .start_frames import SDVGStartFrames
 
     return [
         SDVGModelLoader,
@@ -27,6 +28,7 @@ def node_classes() -> list[type]:
         SDVGDiTFromModel,
         SDVGTextEncode,
         SDVGPromptSchedule,
+        SDVGStartFrames,
         SDVGRewardRouter,
         SDVGSpeculativeSampler,
         SDVGReport,

@@ -23,7 +23,7 @@ from ..sdvg.scheduler import SCHEDULES as NAMED_SCHEDULES
 from . import _host, _models
 from .handles import DiTHandle
 from .stream import BlockStream
-from .types import SDVG_CONDITIONING, SDVG_DIT, SDVG_REWARD, SDVG_ROUTER, SDVG_VAE
+from .types import SDVG_CONDITIONING, SDVG_DIT, SDVG_REWARD, SDVG_ROUTER, SDVG_START, SDVG_VAE
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 SDVG_VAE.Input("vae", tooltip="Streaming Wan 2.1 VAE (SDVG Load Wan VAE)."),
                 SDVG_CONDITIONING.Input("conditioning", tooltip="Prompt embeddings and text from SDVG Text Encode, or a prompt timeline from SDVG Prompt Schedule."),
                 SDVG_ROUTER.Input("router", tooltip="The acceptance rule (SDVG Reward Router)."),
+                SDVG_START.Input("start", optional=True, tooltip="Frames to start from (SDVG Start Frames): given first blocks (image-to-video, extension) or video-to-video."),
                 SDVG_REWARD.Input("reward", optional=True, tooltip="ImageReward scorer. Needed in routing mode 'reward' (and for threshold modes that score the target)."),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFF, control_after_generate=True, tooltip="Noise seed. Each block's noise depends only on (seed, block), never on routing."),
                 io.Int.Input("blocks", default=7, min=1, max=MAX_BLOCKS, tooltip="Number of 3-latent-frame blocks. Pixel frames = 12 × blocks − 3 (7 blocks = 81 frames ≈ 5 s at 16 fps). Long videos: use the recompute cache, or noisy with positions = window; the global cache is limited by the model's RoPE table (341 blocks). The IMAGE output holds every frame in RAM (a warning above 4 GiB); the CLI streams to disk instead."),
@@ -166,7 +167,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
     def execute(cls, vae, conditioning, router, seed: int, blocks: int, width: int, height: int, cache: str,
                 schedule: str, custom_schedule: str, pipelined: bool, refine_from_step: int, on_cancel: str = "stop",
                 profile: str = "sdvg", positions: str = "absolute", drafter: DiTHandle | None = None,
-                target: DiTHandle | None = None, reward=None) -> io.NodeOutput:
+                target: DiTHandle | None = None, reward=None, start=None) -> io.NodeOutput:
+        from ..sdvg.conditioning_frames import InitBlocks
         from ..sdvg.pipeline import SDVGModels
         from ..sdvg.sampler import SpeculativeSampler
 
@@ -190,7 +192,9 @@ class SDVGSpeculativeSampler(io.ComfyNode):
             stack.enter_context(_parked_after((drafter, target)))
             _bring_models(config, sampler.router_config, models, (drafter, target, vae, reward))
             prompt, embeds = conditioning.sampler_prompt()
-            result = sampler.run(prompt, prompt_embeds=embeds, on_block=stream.block,
+            init = start if isinstance(start, InitBlocks) else None
+            video = start if start is not None and init is None else None
+            result = sampler.run(prompt, prompt_embeds=embeds, init=init, video=video, on_block=stream.block,
                                  on_step=stream.step, cancel=_host.processing_interrupted)
             if result.partial and keep:
                 _host.clear_interrupt()  # the graph goes on with the finished blocks

@@ -95,8 +95,12 @@ class VideoToVideo:
             raise ConfigError("Video-to-video needs the input's latents as [1, 16, F, h, w].")
 
     @classmethod
-    def from_frames(cls, vae, frames: torch.Tensor, strength: float, num_blocks: int) -> VideoToVideo:
-        """Encode the first ``12·num_blocks − 3`` of ``frames [N, H, W, 3]`` (in [0, 1]; more are ignored)."""
+    def from_frames(cls, vae, frames: torch.Tensor, strength: float, num_blocks: int | None = None) -> VideoToVideo:
+        """Encode the first ``12·num_blocks − 3`` of ``frames [N, H, W, 3]`` (in [0, 1]; more are ignored; None: as
+        many whole blocks as the frames make)."""
+        check_strength(strength)
+        if num_blocks is None:
+            num_blocks = max(1, (frames.shape[0] + 3) // 12)
         need = pixel_frames_for_blocks(num_blocks)
         if frames.shape[0] < need:
             raise ConfigError(f"The input video has {frames.shape[0]} frames; {num_blocks} blocks need {need}. Use "

@@ -62,6 +62,15 @@ The caches, the VAE state and the history are flat in the block count (`recomput
 video use the CLI, which streams frames to the mp4 as they come: `python -m sdvg generate --blocks 400 --out long.mp4`.
 """
 
+NOTE_V2V = """
+## Video-to-video
+
+Put an 832×480 clip of at least 81 frames (7 blocks: 12 × blocks − 3) into ComfyUI's `input/` folder as
+`sdvg_input.mp4` (or pick yours in Load Video). Every block starts from the clip's latents noised to `strength`
+(1 = text-to-video, 0 = the clip); drafter and target alike, so the router works as usual. Mode `first blocks`
+instead makes the clip (or an image) the video's first blocks and generates the rest.
+"""
+
 TIMELINE = (
     "0: A red fox trots through fresh snow in a quiet pine forest at sunrise, tracking shot\n"
     "4: The red fox leaps over a frozen stream, snow spraying, tracking shot\n"
@@ -111,7 +120,7 @@ def _loader_nodes(files: dict, *, dtype: str, device: str, roles: tuple[str, ...
 
 
 def _spec(name, title, subtitle, files, note, *, roles, router, sampler, dtype="auto", device="auto", fps=16.0,
-          encode=None) -> Spec:
+          encode=None, start_from=None) -> Spec:
     spec = Spec(name, title, subtitle)
     spec.nodes += _loader_nodes(files, dtype=dtype, device=device, roles=roles)
     spec.nodes += [
@@ -138,6 +147,14 @@ def _spec(name, title, subtitle, files, note, *, roles, router, sampler, dtype="
         ("report", 1, "chart", "images"),
         ("report", 0, "summary", "source"),
     ]
+    if start_from is not None:  # a clip to start from: Load Video → Get Video Components → SDVG Start Frames
+        spec.nodes += [
+            {"key": "load_video", "type": "LoadVideo", "pos": [420, 560], "values": {"file": start_from["file"]}},
+            {"key": "components", "type": "GetVideoComponents", "pos": [420, 720], "values": {}},
+            {"key": "start", "type": "SDVGStartFrames", "pos": [420, 860], "values": start_from["values"]},
+        ]
+        spec.links += [("load_video", 0, "components", "video"), ("components", 0, "start", "images"),
+                       ("vae", 0, "start", "vae"), ("start", 0, "sampler", "start")]
     spec.notes.append((note, [40, 60 + 150 * len(roles) + 20], [740, 330]))
     return spec
 
@@ -176,6 +193,13 @@ def specs() -> list[Spec]:
             sampler={"seed": 42, "blocks": 12, "width": 832, "height": 480},
             encode={"key": "encode", "type": "SDVGPromptSchedule", "pos": [420, 60], "size": [360, 200],
                     "values": {"schedule": TIMELINE, "blend_blocks": 1}},
+        ),
+        _spec(
+            "sdvg_video_to_video", "Video-to-video", "A clip re-generated at strength 0.6 (Krea v2v), speculative",
+            FILES_REAL, NOTE_REAL + NOTE_V2V, roles=all_roles,
+            router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
+            sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480},
+            start_from={"file": "sdvg_input.mp4", "values": {"mode": "video-to-video", "strength": 0.6}},
         ),
         _spec(
             "sdvg_tiny_cpu", "SDVG tiny CPU check", "Random tiny models, 64×64, 6 blocks: tests an install in seconds",
