@@ -19,7 +19,9 @@ EXIT_OK, EXIT_ERROR, EXIT_CANCELLED = 0, 2, 130
 class _Progress:
     """One status line per block on stderr, redrawn per denoising step."""
 
-    def __init__(self, total: int, stream=sys.stderr):
+    def __init__(self, total: int, stream=None):
+        # sys.stderr looked up now, not at import (a test's captured stream may be closed by then)
+        stream = sys.stderr if stream is None else stream
         self.total, self.stream, self.start = total, stream, time.perf_counter()
         self.live = stream.isatty()
 

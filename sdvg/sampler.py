@@ -32,8 +32,9 @@ from .hooks import CallObserver, Hooks
 from .meter import RunMeter
 from .pipeline import SDVGModels
 from .prompt_schedule import PromptSchedule
-from .results import BlockEvent, BlockRecord, FrameBuffer, FrameTail, SDVGResult, StepEvent
+from .results import BlockEvent, BlockRecord, SDVGResult, StepEvent
 from .router import Router, RouterConfig, RouteRecord
+from .run_memory import drop_old_history, footprint, output_store
 from .sampler_config import SamplerConfig
 from .scheduler import FlowMatchScheduler, NoiseBank
 from .verify import Draft, last_token, make_verifier
@@ -41,10 +42,6 @@ from .verify import Draft, last_token, make_verifier
 logger = logging.getLogger(__name__)
 
 EARLY_EXIT_CHUNK = 3  # frames scored per forward when the router may stop at the first frame below τ
-# keep_output=False: a model that made none of the last CATCH_UP_BACKLOG blocks writes them into its cache now
-# (the forwards it would pay when it next runs; same K/V), so the history it would read need not be kept
-CATCH_UP_BACKLOG = 8
-UNUSED_MODEL = {"draft-only": "target", "target-only": "drafter"}  # the model a routing mode never runs
 
 __all__ = ["SamplerConfig", "SpeculativeSampler", "BlockEvent", "BlockRecord", "SDVGResult", "StepEvent",
            "pixel_frames_for_blocks"]
@@ -242,10 +239,7 @@ class _Run:
         self.vae, self.reward = models.vae, models.reward
         self.vae.reset(decoder=compat.vae_decoder)
         self.aux_device = torch.device(getattr(self.vae, "device", "cpu"))
-        if cfg.keep_output:
-            self.frames = FrameBuffer(pixel_frames_for_blocks(cfg.num_blocks), cfg.height, cfg.width)
-        else:  # long videos: frames reach on_block only; the run holds the last blocks (flat memory)
-            self.frames = FrameTail(cfg.height, cfg.width)
+        self.frames = output_store(cfg)  # all frames, or (long videos: flat memory) the last blocks'
         self.noise = NoiseBank(cfg.seed, (1, LATENT_CHANNELS, FRAMES_PER_BLOCK, *cfg.latent_hw), sampler.schedule)
         names = [name for name in ("target", "drafter") if getattr(models, name) is not None]
         self.meter = RunMeter(names)
@@ -434,7 +428,7 @@ class _Run:
         with self.meter.phase(timings, "output"):
             out = self.frames.append(frames)
         if not self.s.config.keep_output:
-            self._drop_old_history(timings)
+            drop_old_history(self, timings)
         record = BlockRecord(
             block=b, decision=route.decision, reason=route.reason, produced_by=produced_by,
             steps=len(self.s.schedule[b]) - (self.video.start_step(self.s.schedule[b]) if self.video else 0), q=route.q, scores=list(route.scores), tau=route.tau,
@@ -444,29 +438,7 @@ class _Run:
         self.records.append(record)
         if b == 0 and self.compat.dropped_frames:  # the reference shows 6 frames of block 0 (all 9 stay context)
             out = out[self.compat.dropped_frames:]
-        return BlockEvent(b, out, record, self.footprint())
-
-    def footprint(self) -> dict:
-        kv = {name: (den.kv.nbytes, len(den.kv.frames)) for name, den in self.denoisers.items() if den.kv is not None}
-        return {"kv_bytes": {n: v[0] for n, v in kv.items()}, "kv_frames": {n: v[1] for n, v in kv.items()},
-                "history_blocks": len(self.history.blocks), "frames_held": getattr(self.frames, "held_frames",
-                                                                                  self.frames.count),
-                "vae_bytes": self.vae.cache_nbytes}
-
-    def _drop_old_history(self, timings: dict) -> None:
-        """Forget the latents no cache will read any more (keeping the last two blocks): flat memory."""
-        hist = self.history
-        keep = len(hist) - 2
-        for name, den in self.denoisers.items():
-            if UNUSED_MODEL.get(self.s.router_config.mode) == name:
-                continue
-            need = den.policy.needed_from(den, hist)
-            if len(hist) - need > CATCH_UP_BACKLOG:
-                with self.meter.phase(timings, "cache", den.device):
-                    den.sync(hist)
-                need = den.policy.needed_from(den, hist)
-            keep = min(keep, need)
-        hist.drop_before(keep)
+        return BlockEvent(b, out, record, footprint(self))
 
     # ---------------------------------------------------------------- end
     def close(self) -> None:

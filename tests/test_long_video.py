@@ -11,7 +11,8 @@ import torch
 from sdvg.errors import ConfigError
 from sdvg.regimes import CacheConfig
 from sdvg.router import RouterConfig
-from sdvg.sampler import CATCH_UP_BACKLOG, SamplerConfig, SpeculativeSampler
+from sdvg.run_memory import CATCH_UP_BACKLOG
+from sdvg.sampler import SamplerConfig, SpeculativeSampler
 
 PROMPT = "a red fox running through snow"
 SIZE = 16
