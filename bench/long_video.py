@@ -60,7 +60,10 @@ def main() -> None:
             for keep in ([False, True] if args.compare_kept else [False]):
                 child = [sys.executable, __file__, "--size", str(args.size), "--mode", args.mode,
                          "--child", f"{blocks}:{cache}:{int(keep)}"]
-                res = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+                proc = subprocess.run(child, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"the {cache}/{blocks}-block run failed:\n{proc.stderr[-2000:]}")
+                res = json.loads(proc.stdout.splitlines()[-1])
                 if res["code"] != 0:
                     raise SystemExit(f"generate exited {res['code']} ({cache}, {blocks} blocks)")
                 row.append(f"{res['peak_rss_mib']:13.1f} {1000 * res['wall_s'] / blocks:9.1f}")
