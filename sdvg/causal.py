@@ -73,7 +73,8 @@ class BlockDenoiser:
         reuse = (
             kv is not None and kv.batch == batch and kv.tokens_per_frame == tpf
             and kv.capacity_frames == layout.capacity_frames and kv.rolling == layout.rolling
-            and kv.sink_frames == layout.sink_frames and kv.rope_on_read == layout.rope_on_read and kv.k.device == self.device and kv.k.dtype == self.dtype
+            and kv.sink_frames == layout.sink_frames and kv.rope_on_read == layout.rope_on_read
+            and kv.k.device == self.device and kv.k.dtype == self.dtype
         )
         if reuse:
             kv.reset()

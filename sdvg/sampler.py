@@ -133,7 +133,8 @@ class SpeculativeSampler:
         cfg.cache.policy().check_length(cfg.num_blocks * FRAMES_PER_BLOCK, rope_len)
 
     # ------------------------------------------------------------------ public API
-    def run(self, prompt: str | PromptSchedule, *, on_block: Callable[[BlockEvent], None] | None = None, **kwargs) -> SDVGResult:
+    def run(self, prompt: str | PromptSchedule, *, on_block: Callable[[BlockEvent], None] | None = None,
+            **kwargs) -> SDVGResult:
         gen = self.generate(prompt, **kwargs)
         try:
             while True:
@@ -320,7 +321,7 @@ class _Run:
         """A block given as input (image-to-video, extension): committed as it is, decoded, never drafted or scored."""
         timings: dict[str, float] = {}
         frames = self.decode(latents, timings)
-        self.history.append(HistoryBlock(b, latents, latents, 0.0, DenoiseResult(latents, latents, 0.0, 0).token))
+        self.history.append(HistoryBlock.of(b, DenoiseResult(x0=latents, last_noisy=latents, last_t=0.0, forwards=0)))
         return self._finish(b, frames, RouteRecord(b, "input", "given frames"), "input", False, timings)
 
     # ---------------------------------------------------------------- the steps' parts (VerifyHost for the verifier)
@@ -429,9 +430,10 @@ class _Run:
             out = self.frames.append(frames)
         if not self.s.config.keep_output:
             drop_old_history(self, timings)
+        steps = len(self.s.schedule[b]) - (self.video.start_step(self.s.schedule[b]) if self.video else 0)
         record = BlockRecord(
             block=b, decision=route.decision, reason=route.reason, produced_by=produced_by,
-            steps=len(self.s.schedule[b]) - (self.video.start_step(self.s.schedule[b]) if self.video else 0), q=route.q, scores=list(route.scores), tau=route.tau,
+            steps=steps if produced_by != "input" else 0, q=route.q, scores=list(route.scores), tau=route.tau,
             aggregation=route.aggregation, drafted=drafted, timings=timings, forwards=self.meter.block_forwards(),
             prompt=self.prompt_at(b) if self.prompts is not None and b in self.prompts.switches else None,
         )

@@ -90,3 +90,13 @@ def test_streamed_output_is_the_kept_output(tiny_models):
     assert result.frames.shape[0] == 0 and result.latents.numel() == 0
     assert torch.equal(torch.cat(streamed), kept.frames)
     assert [b.decision for b in result.blocks] == [b.decision for b in kept.blocks]
+
+
+def test_window_positions_pipelined_equals_plain(tiny_models):
+    """Pipelined drafting evicts from the rolling window before a block is decided; the undo of a rejected draft's
+    eviction is a plain copy of un-roped keys, so the video is the plain loop's."""
+    kw = dict(blocks=6, regime="noisy", mode="reward", tau=-0.7, window=9, positions="window", schedule="1000,500")
+    plain = sampler(tiny_models, **kw).run(PROMPT)
+    piped = sampler(tiny_models, pipelined=True, **kw).run(PROMPT)
+    assert {b.decision for b in plain.blocks[1:]} == {"accept", "reject"}
+    assert torch.equal(piped.latents, plain.latents) and torch.equal(piped.frames, plain.frames)
