@@ -105,3 +105,12 @@ def test_cli_prompt_schedule_marks_the_switch(tiny_dir, tmp_path, capsys):
     assert f"prompt from block 2: {B}" in capsys.readouterr().out
     assert main([*args[:2], f"0:{A}|5:{B}", *args[3:]]) == 2  # a switch past the video: refused before loading
     assert "block 5 but the video has 3" in capsys.readouterr().err
+
+
+def test_a_blend_sets_up_each_step_once_and_ends_on_the_new_prompt(tiny_models):
+    setups = Setups()
+    blended = run(tiny_models, PromptSchedule.parse(f"0:{A}|2:{B}", blend_blocks=2), observers=[setups], blocks=5)
+    assert setups.n == 2 + 3  # the start (both models), then the target's two blend steps and the new prompt
+    sharp = run(tiny_models, PromptSchedule.parse(f"0:{A}|2:{B}"), blocks=5)
+    assert torch.equal(blended.latents[:, :, :6], sharp.latents[:, :, :6])
+    assert not torch.equal(blended.latents[:, :, 6:9], sharp.latents[:, :, 6:9])  # block 2: a third of the way to B
