@@ -363,7 +363,8 @@ class _Run:
         if not router.needs_scores(block):
             return router.decide(block)
         if router.cascade_split(int(frames.shape[0])) is not None:  # SDVG-hybrid: a subset of the frames first
-            return router.decide_cascade(block, int(frames.shape[0]), lambda idx: self.score(frames[idx], timings))
+            return router.decide_cascade(block, int(frames.shape[0]),
+                                         lambda idx: self.score(block, frames[idx], timings))
         if not router.can_exit_early:
             return router.decide(block, self.score(block, frames, timings))
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
