@@ -10,13 +10,14 @@ from __future__ import annotations
 
 def node_classes() -> list[type]:
     """The V3 node classes of this pack (imports ``comfy_api``; call only inside ComfyUI or with a stub)."""
-    from .conditioning import SDVGTextEncode
+    from .conditioning import SDVGPromptSchedule, SDVGTextEncode
     from .core_model import SDVGDiTFromModel
     from .loaders import SDVGModelLoader, SDVGRewardLoader, SDVGTextEncoderLoader, SDVGVAELoader
     from .lora import SDVGLoraLoader
     from .report import SDVGReport
     from .router import SDVGRewardRouter
     from .sampler import SDVGSpeculativeSampler
+    from .start_frames import SDVGStartFrames
 
     return [
         SDVGModelLoader,
@@ -26,6 +27,8 @@ def node_classes() -> list[type]:
         SDVGRewardLoader,
         SDVGDiTFromModel,
         SDVGTextEncode,
+        SDVGPromptSchedule,
+        SDVGStartFrames,
         SDVGRewardRouter,
         SDVGSpeculativeSampler,
         SDVGReport,

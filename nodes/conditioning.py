@@ -1,4 +1,5 @@
-"""SDVGTextEncode: a prompt → SDVG_CONDITIONING (UMT5 embeddings + the prompt text the reward model scores against)."""
+"""SDVGTextEncode: a prompt → SDVG_CONDITIONING (UMT5 embeddings + the prompt text the reward model scores against);
+SDVGPromptSchedule: a prompt timeline (prompts that start at given blocks) → SDVG_CONDITIONING."""
 
 from __future__ import annotations
 
@@ -83,3 +84,56 @@ class SDVGTextEncode(io.ComfyNode):
         _models.use([text_encoder.managed])  # on its device through ComfyUI (which may evict it again later)
         embeds = text_encoder.model.encode(prompt)
         return io.NodeOutput(SDVGConditioning(embeds=embeds.detach(), prompt=prompt, source="sdvg"))
+
+
+MAX_BLEND_BLOCKS = 64
+
+
+def parse_schedule(schedule: str, blend_blocks: int):
+    """The node's text (one ``BLOCK: prompt`` per line, or ``|``-separated) → an engine ``PromptSchedule``."""
+    from ..sdvg.prompt_schedule import PromptSchedule
+
+    lines = [ln.strip() for ln in schedule.replace("|", "\n").splitlines() if ln.strip()]
+    return PromptSchedule.parse("|".join(lines), blend_blocks=int(blend_blocks))
+
+
+class SDVGPromptSchedule(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SDVGPromptSchedule",
+            display_name="SDVG Prompt Schedule",
+            category="SDVG/conditioning",
+            description=(
+                "A prompt timeline for the SDVG sampler: each line 'BLOCK: prompt' starts that prompt at that block "
+                "(the first at 0). At a switch both DiTs' cross-attention is recomputed once; ImageReward scores each "
+                "block against the prompt in force."
+            ),
+            inputs=[
+                io.String.Input(
+                    "schedule", multiline=True, default="0: a red fox trots through fresh snow\n4: the fox leaps over a frozen stream",
+                    tooltip="One 'BLOCK: prompt' per line (or separated by |); blocks increase and the first is 0. A block is 3 latent frames = 12 pixel frames (0.75 s at 16 fps).",
+                ),
+                SDVG_TEXT_ENCODER.Input("text_encoder", tooltip="SDVG UMT5 text encoder: every prompt is encoded once, here."),
+                io.Int.Input("blend_blocks", default=0, min=0, max=MAX_BLEND_BLOCKS, tooltip="Interpolate the text embeddings over this many blocks after each switch (Krea); 0 = switch at once. Each blend step costs one cross-attention setup per DiT."),
+            ],
+            outputs=[SDVG_CONDITIONING.Output(display_name="conditioning", tooltip="The prompt timeline for the SDVG sampler.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, schedule: str, blend_blocks: int) -> bool | str:
+        from ..sdvg.errors import ConfigError
+
+        try:
+            parse_schedule(schedule, blend_blocks)
+        except ConfigError as exc:
+            return str(exc)
+        return True
+
+    @classmethod
+    def execute(cls, schedule: str, text_encoder, blend_blocks: int = 0) -> io.NodeOutput:
+        timeline = parse_schedule(schedule, blend_blocks)
+        timeline.encode(lambda p: text_encoder.model.encode(p).detach())
+        first = timeline.embeddings[0]
+        return io.NodeOutput(SDVGConditioning(embeds=first, prompt=timeline.prompt_at(0), source="sdvg",
+                                              schedule=timeline))

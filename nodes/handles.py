@@ -77,3 +77,10 @@ class SDVGConditioning:
     prompt: str
     source: str = "sdvg"  # "sdvg" (our text encoder) or "comfy" (native CONDITIONING)
     extra: dict = field(default_factory=dict)
+    schedule: Any = None  # SDVG Prompt Schedule: the engine's PromptSchedule (embeddings encoded); embeds = block 0's
+
+    def sampler_prompt(self) -> tuple[Any, Any]:
+        """What ``SpeculativeSampler.run`` takes: (prompt or PromptSchedule, prompt_embeds)."""
+        if self.schedule is not None:
+            return self.schedule, self.schedule.embeddings
+        return self.prompt, self.embeds

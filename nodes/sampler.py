@@ -18,23 +18,27 @@ from comfy_api.latest import io
 from ..sdvg.compat import PROFILES
 from ..sdvg.errors import ConfigError
 from ..sdvg.jsonable import to_jsonable
-from ..sdvg.regimes import REGIMES, CacheConfig
+from ..sdvg.regimes import POSITIONS, REGIMES, CacheConfig
 from ..sdvg.scheduler import SCHEDULES as NAMED_SCHEDULES
 from . import _host, _models
 from .handles import DiTHandle
 from .stream import BlockStream
-from .types import SDVG_CONDITIONING, SDVG_DIT, SDVG_REWARD, SDVG_ROUTER, SDVG_VAE
+from .types import SDVG_CONDITIONING, SDVG_DIT, SDVG_REWARD, SDVG_ROUTER, SDVG_START, SDVG_VAE
 
 logger = logging.getLogger(__name__)
 
 CACHE_REGIMES = list(REGIMES)
 SCHEDULES = [*NAMED_SCHEDULES, "custom"]
-MAX_BLOCKS = 64
+# 1000 blocks = 11 997 frames ≈ 12.5 min at 16 fps; memory is flat in the length except for the IMAGE batch the
+# node returns (float32: 832×480 is 4.8 MB a frame), which is refused beyond the machine's RAM and warned about here
+MAX_BLOCKS = 1000
+IMAGE_WARN_BYTES = 4 * 2**30
 ON_CANCEL = ["stop", "keep finished blocks"]
 
 
 def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
-                   custom_schedule: str, pipelined: bool = False, refine_from_step: int = 0, profile: str = "sdvg"):
+                   custom_schedule: str, pipelined: bool = False, refine_from_step: int = 0, profile: str = "sdvg",
+                   positions: str = "absolute"):
     """Widget values → a validated engine ``SamplerConfig`` (ConfigError names the problem and the fix)."""
     from ..sdvg.compat import profile as compat_profile
     from ..sdvg.sampler import SamplerConfig
@@ -47,7 +51,8 @@ def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: st
     if not 1 <= int(blocks) <= MAX_BLOCKS:
         raise ConfigError(f"blocks must be between 1 and {MAX_BLOCKS}, got {blocks}.")
     return SamplerConfig(
-        num_blocks=int(blocks), width=int(width), height=int(height), seed=int(seed), cache=CacheConfig(cache),
+        num_blocks=int(blocks), width=int(width), height=int(height), seed=int(seed),
+        cache=CacheConfig(cache, positions=positions if cache == "noisy" else "absolute"),
         schedule=spec, pipelined=bool(pipelined), refine_from_step=int(refine_from_step) or None,
         compat=compat_profile(profile),
     ).validate()
@@ -103,11 +108,12 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 SDVG_DIT.Input("drafter", optional=True, tooltip="The small DiT that proposes blocks (Self-Forcing 1.3B). Not needed in target-only mode."),
                 SDVG_DIT.Input("target", optional=True, tooltip="The large DiT that regenerates rejected blocks and block 0 (Krea Realtime 14B). Not needed in draft-only mode without force_reject_first."),
                 SDVG_VAE.Input("vae", tooltip="Streaming Wan 2.1 VAE (SDVG Load Wan VAE)."),
-                SDVG_CONDITIONING.Input("conditioning", tooltip="Prompt embeddings and text from SDVG Text Encode."),
+                SDVG_CONDITIONING.Input("conditioning", tooltip="Prompt embeddings and text from SDVG Text Encode, or a prompt timeline from SDVG Prompt Schedule."),
                 SDVG_ROUTER.Input("router", tooltip="The acceptance rule (SDVG Reward Router)."),
+                SDVG_START.Input("start", optional=True, tooltip="Frames to start from (SDVG Start Frames): given first blocks (image-to-video, extension) or video-to-video."),
                 SDVG_REWARD.Input("reward", optional=True, tooltip="ImageReward scorer. Needed in routing mode 'reward' (and for threshold modes that score the target)."),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFF, control_after_generate=True, tooltip="Noise seed. Each block's noise depends only on (seed, block), never on routing."),
-                io.Int.Input("blocks", default=7, min=1, max=MAX_BLOCKS, tooltip="Number of 3-latent-frame blocks. Pixel frames = 12 × blocks − 3 (7 blocks = 81 frames ≈ 5 s at 16 fps)."),
+                io.Int.Input("blocks", default=7, min=1, max=MAX_BLOCKS, tooltip="Number of 3-latent-frame blocks. Pixel frames = 12 × blocks − 3 (7 blocks = 81 frames ≈ 5 s at 16 fps). Long videos: use the recompute cache, or noisy with positions = window; the global cache is limited by the model's RoPE table (341 blocks). The IMAGE output holds every frame in RAM (a warning above 4 GiB); the CLI streams to disk instead."),
                 io.Int.Input("width", default=832, min=16, max=2048, step=16, tooltip="Frame width in pixels, a multiple of 16 (both models were trained at 832×480)."),
                 io.Int.Input("height", default=480, min=16, max=2048, step=16, tooltip="Frame height in pixels, a multiple of 16."),
                 io.Combo.Input(
@@ -129,6 +135,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 ),
                 io.Boolean.Input("pipelined", default=False, tooltip="Overlap verification (decode + score of block b) with drafting block b+1 on a second thread. Faster on two GPUs; a rejected block discards the early draft."),
                 io.Int.Input("refine_from_step", default=0, min=0, max=16, tooltip="0 = a rejected block is regenerated by the target from scratch (paper). k ≥ 1 = the target starts at step k from the re-noised draft (cheaper, experimental)."),
+                io.Combo.Input("positions", options=list(POSITIONS), default="absolute", tooltip="RoPE positions of the noisy cache. absolute: every frame at its frame index (as trained; at most the model's 1024-position table, 341 blocks). window: at its slot in the rolling window, so any length fits (the cache stores un-roped keys and ropes them on read). The recompute cache is always window-relative, the global one always absolute."),
                 io.Combo.Input("on_cancel", options=ON_CANCEL, default="stop", tooltip="What Cancel does. stop: ComfyUI's usual interrupt, the prompt ends and nothing downstream runs. keep finished blocks: the sampler stops after the current step and outputs the blocks it finished (the report says partial), so a SaveVideo after it still saves them."),
                 io.Combo.Input("profile", options=list(PROFILES), default="sdvg", tooltip="sdvg: our defaults. reference: the SDVG authors' exact behaviour (Krea's 5-step schedule with the t = 0 tail step, Krea's streaming VAE decoder, block 0 shown as 6 frames, target-rate statistics pooled across videos (one node run is one video, so here that changes nothing), ImageReward on uint8 PIL frames) to reproduce their numbers; see docs/REFERENCE.md. Which weights of a .pt load is the loader's business."),
             ],
@@ -144,12 +151,14 @@ class SDVGSpeculativeSampler(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
-                        custom_schedule: str, refine_from_step: int, profile: str = "sdvg") -> bool | str:
+                        custom_schedule: str, refine_from_step: int, profile: str = "sdvg",
+                        positions: str = "absolute") -> bool | str:
         """Queue-time check of the settings (ComfyUI calls it before running anything, so a bad size never
         costs a 14B load). ComfyUI skips its own range checks for the inputs named here: ours cover them."""
         try:
             sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
-                           custom_schedule=custom_schedule, refine_from_step=refine_from_step, profile=profile)
+                           custom_schedule=custom_schedule, refine_from_step=refine_from_step, profile=profile,
+                           positions=positions)
         except ConfigError as exc:
             return str(exc)
         return True
@@ -157,13 +166,16 @@ class SDVGSpeculativeSampler(io.ComfyNode):
     @classmethod
     def execute(cls, vae, conditioning, router, seed: int, blocks: int, width: int, height: int, cache: str,
                 schedule: str, custom_schedule: str, pipelined: bool, refine_from_step: int, on_cancel: str = "stop",
-                profile: str = "sdvg", drafter: DiTHandle | None = None, target: DiTHandle | None = None, reward=None) -> io.NodeOutput:
+                profile: str = "sdvg", positions: str = "absolute", drafter: DiTHandle | None = None,
+                target: DiTHandle | None = None, reward=None, start=None) -> io.NodeOutput:
+        from ..sdvg.conditioning_frames import InitBlocks
         from ..sdvg.pipeline import SDVGModels
         from ..sdvg.sampler import SpeculativeSampler
 
         config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                                 custom_schedule=custom_schedule, pipelined=pipelined, refine_from_step=refine_from_step,
-                                profile=profile)
+                                profile=profile, positions=positions)
+        warn_large_image(config)
         # a DiT is read from its file here, the first time a run needs it (and only if this mode calls it)
         models = SDVGModels(target=_model_for(target, router.mode != "draft-only"),
                             drafter=_model_for(drafter, router.mode != "target-only"),
@@ -179,7 +191,10 @@ class SDVGSpeculativeSampler(io.ComfyNode):
             stream.start(config.width, config.height, router)
             stack.enter_context(_parked_after((drafter, target)))
             _bring_models(config, sampler.router_config, models, (drafter, target, vae, reward))
-            result = sampler.run(conditioning.prompt, prompt_embeds=conditioning.embeds, on_block=stream.block,
+            prompt, embeds = conditioning.sampler_prompt()
+            init = start if isinstance(start, InitBlocks) else None
+            video = start if start is not None and init is None else None
+            result = sampler.run(prompt, prompt_embeds=embeds, init=init, video=video, on_block=stream.block,
                                  on_step=stream.step, cancel=_host.processing_interrupted)
             if result.partial and keep:
                 _host.clear_interrupt()  # the graph goes on with the finished blocks
@@ -190,6 +205,18 @@ class SDVGSpeculativeSampler(io.ComfyNode):
             stream.done(report)
         return io.NodeOutput(*node_outputs(result, vae.model), json.dumps(to_jsonable(report), indent=1),
                              ui=stream.ui())
+
+
+def warn_large_image(config) -> None:
+    """The IMAGE output is one float32 batch of every frame: say so when it gets big (it is refused beyond RAM)."""
+    from ..sdvg.blocks import pixel_frames_for_blocks
+
+    frames = pixel_frames_for_blocks(config.num_blocks)
+    size = frames * config.width * config.height * 3 * 4
+    if size > IMAGE_WARN_BYTES:
+        logger.warning("SDVG: %d blocks at %dx%d make an IMAGE batch of %d frames (%.1f GiB of RAM, more downstream). "
+                       "For long videos the CLI streams frames to disk instead: python -m sdvg generate --out x.mp4.",
+                       config.num_blocks, config.width, config.height, frames, size / 2**30)
 
 
 def node_outputs(result, vae) -> tuple[torch.Tensor, dict]:

@@ -18,6 +18,7 @@ from .errors import ConfigError
 from .history import BlockHistory, DenoiseResult, HistoryBlock
 from .hooks import NO_HOOKS, Hooks
 from .kv_cache import CrossAttnCache, SelfKVCache
+from .prompt_schedule import PromptSchedule
 from .regimes import CacheConfig
 from .scheduler import BlockNoise, FlowMatchScheduler, renoise, to_x0
 
@@ -46,6 +47,10 @@ class BlockDenoiser:
         # block index -> token of the block whose final (regime-specific) K/V this cache holds
         self._cached: dict[int, int] = {}
         self._num_frames = 0
+        # a prompt timeline: each block (denoised or written from history) under its own conditioning
+        self.prompts: PromptSchedule | None = None
+        self._cross_by_key: dict = {}
+        self._key = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -68,7 +73,8 @@ class BlockDenoiser:
         reuse = (
             kv is not None and kv.batch == batch and kv.tokens_per_frame == tpf
             and kv.capacity_frames == layout.capacity_frames and kv.rolling == layout.rolling
-            and kv.sink_frames == layout.sink_frames and kv.k.device == self.device and kv.k.dtype == self.dtype
+            and kv.sink_frames == layout.sink_frames and kv.rope_on_read == layout.rope_on_read
+            and kv.k.device == self.device and kv.k.dtype == self.dtype
         )
         if reuse:
             kv.reset()
@@ -76,11 +82,13 @@ class BlockDenoiser:
             self.kv = None
             self.kv = self.model.new_kv_cache(
                 batch=batch, latent_hw=(h, w), capacity_frames=layout.capacity_frames, rolling=layout.rolling,
-                sink_frames=layout.sink_frames,
+                sink_frames=layout.sink_frames, rope_on_read=layout.rope_on_read,
             )
             logger.debug("%s: KV cache %d frames (%.1f MB)", self.name, layout.capacity_frames, self.kv.nbytes / 2**20)
         with self.hooks.call("setup"):
             self.cross = self.model.prepare_cross_attention(prompt_embeds)
+        self._key = self.prompts.conditioning_key(0) if self.prompts is not None else None
+        self._cross_by_key = {self._key: self.cross}
         self._num_frames = num_frames
         self.history = None
         self._cached.clear()
@@ -92,6 +100,7 @@ class BlockDenoiser:
         self.cross = None
         self.history = None
         self._cached.clear()
+        self._cross_by_key = {}
 
     def _require_started(self) -> tuple[SelfKVCache, CrossAttnCache]:
         if self.kv is None or self.cross is None:
@@ -129,6 +138,23 @@ class BlockDenoiser:
     def first_frame(self, history: BlockHistory) -> torch.Tensor | None:
         return self.first_frame_hook(history) if self.first_frame_hook is not None else None
 
+    def condition_on(self, block: int) -> None:
+        """Use ``block``'s conditioning for the next forwards: its cross-attention K/V are computed once per
+        distinct conditioning (a prompt switch, or a blend step) and kept while they may be needed again."""
+        if self.prompts is None:
+            return
+        key = self.prompts.conditioning_key(block)
+        if key == self._key:
+            return
+        cross = self._cross_by_key.get(key)
+        if cross is None:
+            with self.hooks.call("setup"):
+                cross = self.model.prepare_cross_attention(self.prompts.embeds_for(key).to(self.device))
+            self._cross_by_key[key] = cross
+            while len(self._cross_by_key) > 3:  # the older prompt of a lagging or pipelined cache, and the new one
+                del self._cross_by_key[next(iter(self._cross_by_key))]
+        self.cross, self._key = cross, key
+
     # ------------------------------------------------------------------ sync / denoise
     def sync(self, history: BlockHistory) -> int:
         """Deferred cache work for history blocks not yet in this cache; returns the number of forwards.
@@ -149,7 +175,7 @@ class BlockDenoiser:
             raise ConfigError("denoise needs at least one timestep.")
         if len(noise.renoise) < n - 1:
             raise ConfigError(f"Block noise has {len(noise.renoise)} re-noise tensors; {n - 1} are needed.")
-        if not 0 <= start_step < n:
+        if not 0 <= start_step <= n or (start_step == n and x0_init is None):
             raise ConfigError(f"start_step {start_step} is outside 0..{n - 1}.")
         if start_step > 0 and x0_init is None:
             raise ConfigError("Refine-on-reject (start_step > 0) needs x0_init.")
@@ -164,7 +190,8 @@ class BlockDenoiser:
         x0_init: torch.Tensor | None = None, on_step: Callable[[int, int], None] | None = None,
         keep_x0_step: int | None = None,
     ) -> DenoiseResult:
-        """Few-step denoise of one block from ``noise`` (or refine from ``x0_init`` at ``start_step``).
+        """Few-step denoise of one block from ``noise`` (or refine from ``x0_init`` at ``start_step``; ``start_step =
+        len(timesteps)`` keeps ``x0_init`` as it is: video-to-video at strength 0).
 
         ``on_step(i, n)`` runs before each denoising call (not before the recompute context refill); an exception
         it raises (``CancelledError``) propagates. ``forwards`` in the result includes the refill. ``keep_x0_step``:
@@ -175,9 +202,14 @@ class BlockDenoiser:
         before = self.forwards
         sigmas = [self.scheduler.step_sigma(t) for t in timesteps]
         with torch.inference_mode():
+            self.condition_on(block)
             frame = self.policy.place_block(self, block)
             if start_step == 0:
                 x = self.prep(noise.initial)
+            elif start_step == n:  # nothing to denoise: the block is x0_init, written clean if the cache keeps it
+                x = self.prep(x0_init)
+                if self.policy.keeps_denoised_block:
+                    self.call(x, 0.0, frame)
             else:
                 x = renoise(self.prep(x0_init), self.prep(noise.renoise[start_step - 1]), sigmas[start_step])
             x0 = x
@@ -191,7 +223,7 @@ class BlockDenoiser:
                     kept = x0
                 if i < n - 1:
                     x = renoise(x0, self.prep(noise.renoise[i]), sigmas[i + 1])
-        result = DenoiseResult(x0=x0, last_noisy=x, last_t=float(timesteps[n - 1]), forwards=self.forwards - before,
-                               x0_kept=kept)
+        last_t = float(timesteps[n - 1]) if start_step < n else 0.0
+        result = DenoiseResult(x0=x0, last_noisy=x, last_t=last_t, forwards=self.forwards - before, x0_kept=kept)
         self.policy.after_denoise(self, block, result.token)
         return result

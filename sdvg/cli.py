@@ -19,7 +19,9 @@ EXIT_OK, EXIT_ERROR, EXIT_CANCELLED = 0, 2, 130
 class _Progress:
     """One status line per block on stderr, redrawn per denoising step."""
 
-    def __init__(self, total: int, stream=sys.stderr):
+    def __init__(self, total: int, stream=None):
+        # sys.stderr looked up now, not at import (a test's captured stream may be closed by then)
+        stream = sys.stderr if stream is None else stream
         self.total, self.stream, self.start = total, stream, time.perf_counter()
         self.live = stream.isatty()
 
@@ -80,22 +82,51 @@ class _StopSignals:
         return EXIT_SIGTERM if self.received == signal.SIGTERM else EXIT_CANCELLED
 
 
-def _write_outputs(result, plan, log) -> list[str]:
-    """Write every planned output that has content, the report first (small, and it explains the rest). A failing
-    output is reported and the others are still written. Returns the failures' messages."""
+class _StreamedVideo:
+    """``--out`` written block by block as the video is made (no whole video in RAM). A failing write stops the
+    stream (nothing is left behind) and is reported with the other outputs; the run goes on."""
+
+    def __init__(self, path, max_frames: int | None) -> None:
+        from .video import Mp4Stream
+
+        self.stream = Mp4Stream(path, max_frames=max_frames) if path is not None else None
+        self.failure: Exception | None = None
+
+    def write(self, event) -> None:
+        if self.stream is None or self.failure is not None:
+            return
+        try:
+            self.stream.write(event.frames)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not cost the run or the other outputs
+            self.failure = exc
+
+    def finish(self, path):
+        if self.failure is not None:
+            raise self.failure
+        return self.stream.close()
+
+    @property
+    def empty(self) -> bool:
+        return self.stream is not None and self.failure is None and self.stream.frames_written == 0
+
+
+def _write_outputs(result, plan, log, video: _StreamedVideo) -> list[str]:
+    """Write every planned output that has content, the report first (small, and it explains the rest); the video
+    was streamed during the run and is finished here. A failing output is reported and the others are still written.
+    Returns the failures' messages."""
     from .outputs import OUTPUTS
     from .report import write_report, write_timeline
-    from .video import save_tensor_file, to_uint8, write_mp4
+    from .video import save_tensor_file, to_uint8
 
     report, frames, meta = result.report(), result.frames, {"partial": result.partial}
     writers = {
         "report": lambda p: write_report(report, p),
-        "video": lambda p: write_mp4(frames, p),
+        "video": video.finish,
         "latents": lambda p: save_tensor_file(p, "latents", result.latents, meta),
         "frames": lambda p: save_tensor_file(p, "frames", to_uint8(frames), meta),
         "timeline": lambda p: write_timeline(report, p),
     }
-    empty = {"video": not frames.shape[0], "frames": not frames.shape[0], "latents": not result.latents.numel()}
+    empty = {"video": video.empty, "frames": not frames.shape[0], "latents": not result.latents.numel()}
     failures = []
     for role, write in writers.items():
         path = plan[role]
@@ -109,7 +140,7 @@ def _write_outputs(result, plan, log) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - any failure of one output must not cost the others
             failures.append(f"could not write {OUTPUTS[role][0]} {path}: {type(exc).__name__}: {exc}")
             continue
-        log(f"wrote {path}" + (f" ({frames.shape[0]} frames)" if role == "video" else ""))
+        log(f"wrote {path}" + (f" ({video.stream.frames_written} frames)" if role == "video" else ""))
     return failures
 
 
@@ -128,25 +159,120 @@ def cmd_generate(args) -> int:
     # every setting and every output path is checked before a model loads: a typo never costs a 28 GB load
     router = cli_args.router_config_from_args(args)
     source = cli_args.model_source(args, log=log)
-    config = cli_args.sampler_config_from_args(args, source.tiny)
+    # frames go to --out as they come; only --save-frames/--save-latents need the whole video in RAM
+    config = cli_args.sampler_config_from_args(args, source.tiny, keep_output=bool(args.save_frames or args.save_latents))
     replace(router, num_blocks=config.num_blocks).validate()  # what depends on the length (a pattern's)
+    prompt = args.prompt
+    if args.prompt_schedule is not None:
+        from .prompt_schedule import PromptSchedule
+
+        prompt = PromptSchedule.parse(args.prompt_schedule, blend_blocks=args.blend_blocks)
+        prompt.check_blocks(config.num_blocks)
+    elif args.blend_blocks:
+        raise ConfigError("--blend-blocks goes with --prompt-schedule.")
+    _check_init_video(args, config)
     plan = plan_outputs({"video": args.out, "report": args.report, "timeline": args.timeline,
                          "latents": args.save_latents, "frames": args.save_frames})
     models = cli_args.load_from_source(source, args, need=roles_needed(router))
+    video, init = _v2v_video(args, config, models.vae), _init_blocks(args, models.vae)
     sampler = SpeculativeSampler(models, router, config)
     progress, fault = _Progress(config.num_blocks), None
+    stream = _StreamedVideo(plan["video"], config.num_frames)
+
+    def on_block(event) -> None:
+        stream.write(event)
+        progress.block(event)
+
     with _StopSignals(log) as stop:
         try:
-            result = sampler.run(args.prompt, on_block=progress.block, on_step=progress.step, cancel=stop.requested)
+            result = sampler.run(prompt, on_block=on_block, on_step=progress.step, cancel=stop.requested, video=video,
+                                 init=init)
         except RunFailed as exc:  # a fault in one block: the finished ones are still written
             result, fault = exc.result, str(exc)
-    failures = _write_outputs(result, plan, log)
+        except BaseException:
+            if stream.stream is not None:
+                stream.stream.abort()
+            raise
+    failures = _write_outputs(result, plan, log, stream)
     sys.stdout.write(summarize(result.report()) + "\n")
     for message in ([fault] if fault else []) + failures:
         log(f"error: {message}")
     if fault or failures:
         return EXIT_ERROR
     return stop.exit_code if result.partial else EXIT_OK
+
+
+def _check_init_video(args, config) -> None:
+    """The starting-frames options, before any model loads: files, sizes and the strength."""
+    from pathlib import Path
+
+    from .conditioning_frames import check_strength
+    from .video import probe_video
+
+    if (args.v2v_video is None) != (args.strength is None):
+        raise ConfigError("--v2v-video and --strength go together (strength 0 = the video itself … 1 = text-to-video).")
+    if args.strength is not None:
+        check_strength(args.strength)
+    for option in ("init_image", "init_video", "init_latents", "v2v_video"):
+        path = getattr(args, option)
+        flag = "--" + option.replace("_", "-")
+        if path is None:
+            continue
+        if not Path(path).is_file():
+            raise ConfigError(f"{flag} {path} does not exist.")
+        if option == "init_latents":
+            continue
+        size = _image_size(path) if option == "init_image" else probe_video(path)
+        if size != (config.width, config.height):
+            raise ConfigError(f"{flag} is {size[0]}×{size[1]} but the output is {config.width}×{config.height}; pass "
+                              f"--width {size[0]} --height {size[1]} (multiples of 16) or resize it.")
+
+
+def _image_size(path) -> tuple[int, int]:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            return img.size
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ConfigError(f"--init-image {path} is not an image file ({exc}).") from exc
+
+
+def _v2v_video(args, config, vae):
+    if args.v2v_video is None:
+        return None
+    from .blocks import pixel_frames_for_blocks
+    from .conditioning_frames import VideoToVideo
+    from .video import read_video_frames
+
+    frames = read_video_frames(args.v2v_video, pixel_frames_for_blocks(config.num_blocks))
+    return VideoToVideo.from_frames(vae, frames, args.strength, config.num_blocks)
+
+
+def _init_blocks(args, vae):
+    from .conditioning_frames import InitBlocks
+
+    if args.init_latents is not None:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return InitBlocks(load_file(args.init_latents)["latents"])
+        except (SafetensorError, KeyError, OSError) as exc:
+            raise ConfigError(f"--init-latents {args.init_latents} is not a --save-latents file ({exc}).") from exc
+    if args.init_image is not None:
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        with Image.open(args.init_image) as img:
+            frame = torch.from_numpy(np.asarray(img.convert("RGB"))).float().div_(255.0)[None]
+        return InitBlocks.from_frames(vae, frame)
+    if args.init_video is not None:
+        from .video import read_video_frames
+
+        return InitBlocks.from_frames(vae, read_video_frames(args.init_video))
+    return None
 
 
 def add_eval_parser(subparsers) -> None:
@@ -277,9 +403,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate one video")
-    gen.add_argument("--prompt", required=True)
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt")
+    prompt.add_argument("--prompt-schedule", help="a prompt timeline: '0:a fox in snow|4:the fox jumps' (prompts start "
+                        "at those blocks) or a .json file ([{\"block\": 0, \"prompt\": ...}, ...])")
+    gen.add_argument("--blend-blocks", type=int, default=0, help="--prompt-schedule: interpolate the text embeddings "
+                     "over this many blocks after each switch (Krea); 0 = switch at once")
     cli_args.add_model_args(gen)
     cli_args.add_sampling_args(gen)
+    frames = gen.add_argument_group("starting from frames")
+    init = frames.add_mutually_exclusive_group()
+    init.add_argument("--init-image", help="image-to-video: this image (same size as the output) is held for block 0's "
+                      "9 frames; the rest is generated from it")
+    init.add_argument("--init-video", help="extension: this clip's first 9 + 12k frames become the first k + 1 blocks "
+                      "(given, never drafted or scored); --blocks counts them too")
+    init.add_argument("--init-latents", help="extension: a --save-latents file of a finished run; its blocks come first "
+                      "(the same seed and settings continue that video exactly)")
+    frames.add_argument("--v2v-video", help="video-to-video: denoise this video's frames (same size as the output) "
+                        "instead of noise, each block from --strength (Krea)")
+    frames.add_argument("--strength", type=float, default=None, help="--v2v-video: 1 = text-to-video (ignore the "
+                        "video), 0 = the video itself; e.g. 0.6")
     out = gen.add_argument_group("outputs")
     out.add_argument("--out", required=True, help="output .mp4")
     out.add_argument("--report", help="report JSON")

@@ -18,7 +18,7 @@ from .blocks import blocks_for_frames
 from .compat import add_compat_args, compat_from_args
 from .devices import DIT_DTYPES
 from .errors import ConfigError
-from .regimes import FIRST_FRAME_SOURCES, REGIMES, CacheConfig
+from .regimes import FIRST_FRAME_SOURCES, POSITIONS, REGIMES, CacheConfig
 from .router import AGGREGATIONS, MODES, THRESHOLDS, RouterConfig, parse_pattern
 
 ROLES = ("drafter", "target", "vae", "text_encoder", "reward")
@@ -60,7 +60,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_cache_args(g) -> None:
     g.add_argument("--cache", choices=REGIMES, default="recompute", help="KV-cache regime")
     g.add_argument("--window", type=int, default=12, help="noisy regime: rolling window in latent frames")
-    g.add_argument("--sinks", type=int, default=3, help="noisy regime: pinned sink frames")
+    g.add_argument("--sinks", type=int, default=3, help="noisy regime: pinned sink frames (the first frames ever written)")
+    g.add_argument("--positions", choices=POSITIONS, default="absolute",
+                   help="noisy regime: RoPE at the frames' absolute positions (length limited by the model's table) or "
+                   "at their slots in the window (any length)")
     g.add_argument("--first-frame", choices=FIRST_FRAME_SOURCES, default="reencode",
                    help="recompute regime: first context frame = an old pixel frame re-encoded (Krea) or latent 0")
 
@@ -110,11 +113,13 @@ def router_config_from_args(args) -> RouterConfig:
 
 def cache_config_from_args(args) -> CacheConfig:
     return CacheConfig(regime=args.cache, window_frames=getattr(args, "window", 12),
-                       sink_frames=getattr(args, "sinks", 3), first_frame=getattr(args, "first_frame", "reencode"))
+                       sink_frames=getattr(args, "sinks", 3), first_frame=getattr(args, "first_frame", "reencode"),
+                       positions=getattr(args, "positions", "absolute"))
 
 
-def sampler_config_from_args(args, tiny: bool, *, default_blocks: int = 7):
-    """The validated ``SamplerConfig`` (sizes default to the tiny preset's when it is the model source)."""
+def sampler_config_from_args(args, tiny: bool, *, default_blocks: int = 7, keep_output: bool = True):
+    """The validated ``SamplerConfig`` (sizes default to the tiny preset's when it is the model source);
+    ``keep_output=False`` when the frames are streamed to disk as they come (``generate --out``)."""
     from .fixtures.tiny import TINY_HEIGHT, TINY_WIDTH
     from .sampler import SamplerConfig
 
@@ -133,6 +138,7 @@ def sampler_config_from_args(args, tiny: bool, *, default_blocks: int = 7):
         stitch=getattr(args, "stitch", False),
         num_frames=frames,
         compat=compat_from_args(args),
+        keep_output=keep_output,
     ).validate()
 
 

@@ -98,14 +98,14 @@ class CausalWanTransformer(WanTransformer3DModel):
 
     def new_kv_cache(
         self, *, batch: int, latent_hw: tuple[int, int], capacity_frames: int, rolling: bool = False,
-        sink_frames: int = 0, device=None, dtype: torch.dtype | None = None,
+        sink_frames: int = 0, device=None, dtype: torch.dtype | None = None, rope_on_read: bool = False,
     ) -> SelfKVCache:
         """Allocate a self-attention cache sized for this model."""
         return SelfKVCache(
             num_layers=len(self.blocks), batch=batch, tokens_per_frame=self.tokens_per_frame(*latent_hw),
             capacity_frames=capacity_frames, heads=self.num_heads, head_dim=self.head_dim,
             device=device if device is not None else self.execution_device,
-            dtype=dtype or self.compute_dtype, rolling=rolling, sink_frames=sink_frames,
+            dtype=dtype or self.compute_dtype, rolling=rolling, sink_frames=sink_frames, rope_on_read=rope_on_read,
         )
 
     def _rope(self, f: int, h: int, w: int, offset: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +187,7 @@ class CausalWanTransformer(WanTransformer3DModel):
         return temb.float().reshape(b, f, -1), proj.float().reshape(b, f, 6, -1)
 
     # ------------------------------------------------------------------ core
-    def _self_qkv(self, attn, x: torch.Tensor, cos, sin):
+    def _self_qkv(self, attn, x: torch.Tensor, cos, sin, rope_k: bool = True):
         if getattr(attn, "fused_projections", False):
             q, k, v = attn.to_qkv(x).chunk(3, dim=-1)
         else:
@@ -195,16 +195,17 @@ class CausalWanTransformer(WanTransformer3DModel):
         q = _rms(attn.norm_q, q).unflatten(2, (attn.heads, -1))
         k = _rms(attn.norm_k, k).unflatten(2, (attn.heads, -1))
         v = v.unflatten(2, (attn.heads, -1))
-        return self._apply_rope(q, cos, sin), self._apply_rope(k, cos, sin), v
+        return self._apply_rope(q, cos, sin), (self._apply_rope(k, cos, sin) if rope_k else k), v
 
-    def _layer(self, i: int, x, e, rope, cross: CrossAttnCache, attend: AttendFn, f: int) -> torch.Tensor:
+    def _layer(self, i: int, x, e, rope, cross: CrossAttnCache, attend: AttendFn, f: int,
+               rope_k: bool = True) -> torch.Tensor:
         blk = self.blocks[i]
         b, n, dim = x.shape
         mod = (blk.scale_shift_table.float().unsqueeze(1) + e).unsqueeze(3)  # [B, F, 6, 1, dim]
         shift, scale, gate, c_shift, c_scale, c_gate = mod.unbind(2)
         xf = x.view(b, f, n // f, dim)
         h = (blk.norm1(xf.float()) * (1 + scale) + shift).to(x.dtype).view(b, n, dim)
-        q, k, v = self._self_qkv(blk.attn1, h, *rope)
+        q, k, v = self._self_qkv(blk.attn1, h, *rope, rope_k=rope_k)
         a = attend(i, q, k, v).flatten(2).to(x.dtype)
         a = blk.attn1.to_out[0](a)
         x = (xf.float() + a.view(b, f, n // f, dim).float() * gate).to(x.dtype).view(b, n, dim)
@@ -221,7 +222,8 @@ class CausalWanTransformer(WanTransformer3DModel):
         return (xf.float() + y.view(b, f, n // f, dim).float() * c_gate).to(x.dtype).view(b, n, dim)
 
     def _run(
-        self, x: torch.Tensor, t: torch.Tensor, cross: CrossAttnCache, frame_offset: int, attend: AttendFn
+        self, x: torch.Tensor, t: torch.Tensor, cross: CrossAttnCache, frame_offset: int, attend: AttendFn,
+        rope_k: bool = True,
     ) -> torch.Tensor:
         bsz, _, f, hh, ww = x.shape
         pt, ph, pw = self.config.patch_size
@@ -232,13 +234,14 @@ class CausalWanTransformer(WanTransformer3DModel):
         if len(cross) != len(self.blocks):
             raise ConfigError("The cross-attention cache was prepared by a different model.")
         gh, gw = hh // ph, ww // pw
+        self.check_rope_range(frame_offset + f)
         x = x.to(self.execution_device, self.compute_dtype)
         t = t.to(x.device)
         h = self.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
         temb, e = self._time(t)
         rope = self._rope(f, gh, gw, frame_offset, h.device)
         for i, _ in self.iter_blocks():
-            h = self._layer(i, h, e, rope, cross, attend, f)
+            h = self._layer(i, h, e, rope, cross, attend, f, rope_k)
         # output head with per-frame shift/scale
         n, dim = h.shape[1], h.shape[2]
         shift, scale = (self.scale_shift_table.float().unsqueeze(1) + temb.unsqueeze(2)).unbind(2)
@@ -261,6 +264,8 @@ class CausalWanTransformer(WanTransformer3DModel):
         on a re-run); ``write=False`` leaves the cache untouched.
         """
         f = x.shape[2]
+        if self_kv is not None and self_kv.rope_on_read:
+            return self._forward_window_positions(x, t, self_kv, cross, frame_offset, write, cache_frame)
         if self_kv is None:
             def attend(i, q, k, v):
                 return self._sdpa(q, k, v)
@@ -281,6 +286,42 @@ class CausalWanTransformer(WanTransformer3DModel):
 
         return self._run(x, t, cross, frame_offset, attend)
 
+    def _forward_window_positions(self, x, t, self_kv: SelfKVCache, cross, frame_offset, write, cache_frame):
+        """Window-relative RoPE: the block is roped at its slot in the window, its keys are stored un-roped, and the
+        window's keys are roped at their slots (0..) on every read. Bit-identical to absolute positions while no
+        frame was evicted (slot == frame index); afterwards positions stay below the window size."""
+        f, hh, ww = x.shape[2:]
+        _, ph, pw = self.config.patch_size
+        tpf = self_kv.tokens_per_frame
+        logical = frame_offset if cache_frame is None else cache_frame
+        if write:
+            slots = self_kv.begin_write(logical, f)
+            start, end = slots.start, slots.end
+        else:
+            start = self_kv.prefix_tokens(logical)
+            end = start + f * tpf
+        cos, sin = self._rope(end // tpf, hh // ph, ww // pw, 0, self.execution_device)
+
+        def attend(i, q, k, v):
+            kc, vc = self_kv.layer(i)
+            if write:
+                kc[:, start:end].copy_(k)
+                vc[:, start:end].copy_(v)
+                keys, values = kc[:, :end], vc[:, :end]
+            else:
+                keys, values = torch.cat([kc[:, :start], k], 1), torch.cat([vc[:, :start], v], 1)
+            return self._sdpa(q, self._apply_rope(keys, cos, sin), values)
+
+        return self._run(x, t, cross, start // tpf, attend, rope_k=False)
+
+    def check_rope_range(self, end_frame: int) -> None:
+        """Refuse RoPE positions past the model's table (``rope_max_seq_len``): the model never saw them."""
+        limit = int(self.config.get("rope_max_seq_len", 1024))
+        if end_frame > limit:
+            raise ConfigError(f"RoPE frame position {end_frame - 1} is past the model's table of {limit} positions. "
+                              "Use window-relative positions (noisy regime, positions='window') or the recompute "
+                              "regime for long videos.")
+
     @staticmethod
     def block_causal_mask(num_frames: int, tokens_per_frame: int, frames_per_block: int, device=None) -> torch.Tensor:
         """Boolean ``[L, L]`` mask: a token sees every token of its own and earlier blocks."""
@@ -295,6 +336,8 @@ class CausalWanTransformer(WanTransformer3DModel):
     ) -> torch.Tensor:
         """Non-cached forward over ``x [B,C,F,h,w]`` with a block-causal mask; optionally writes all K/V."""
         f, hh, ww = x.shape[2:]
+        if self_kv is not None and self_kv.rope_on_read:
+            raise ConfigError("forward_blockwise_masked writes roped keys; it cannot fill a window-positions cache.")
         tpf = self.tokens_per_frame(hh, ww)
         mask = self.block_causal_mask(f, tpf, frames_per_block, device=self.execution_device)
         slots = None

@@ -8,8 +8,10 @@ e.g. Self-Forcing 1.3B, 21 frames of 1560 tokens, bf16: 2·30·21·1560·12·128
 Krea 14B (40 layers, 40 heads): 26.8 GB global / 7.7 GB for 6 frames.
 
 Storage is one ``[layers, B, capacity_tokens, heads, head_dim]`` tensor each for K and V, allocated once; layer
-``i`` uses the view ``k[i]`` (``[B, capacity_tokens, heads, head_dim]``). Keys are stored after RoPE. Slots are
-tracked per latent frame on the host (a list of logical frame indices), so the sampling loop never syncs.
+``i`` uses the view ``k[i]`` (``[B, capacity_tokens, heads, head_dim]``). Keys are stored after RoPE at their
+absolute frame position, or (``rope_on_read=True``, window-relative positions) un-roped and roped at their slot on
+every read, so an eviction is a plain copy and positions never outgrow the window. Slots are tracked per latent
+frame on the host (a list of logical frame indices), so the sampling loop never syncs.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class SelfKVCache:
     def __init__(
         self, *, num_layers: int, batch: int, tokens_per_frame: int, capacity_frames: int, heads: int,
         head_dim: int, device=None, dtype: torch.dtype = torch.float32, rolling: bool = False, sink_frames: int = 0,
+        rope_on_read: bool = False,
     ) -> None:
         if min(num_layers, batch, tokens_per_frame, capacity_frames, heads, head_dim) < 1:
             raise ConfigError("KV cache sizes must all be >= 1 (layers, batch, tokens, frames, heads, head_dim).")
@@ -67,6 +70,7 @@ class SelfKVCache:
         self.head_dim = head_dim
         self.rolling = rolling
         self.sink_frames = sink_frames if rolling else 0
+        self.rope_on_read = bool(rope_on_read)
         shape = (num_layers, batch, capacity_frames * tokens_per_frame, heads, head_dim)
         # Normal (not inference-mode) tensors, so they can be written both inside and outside inference_mode.
         self.k = torch.zeros(shape, device=device, dtype=dtype)

@@ -107,12 +107,17 @@ def _safetensors_metadata(path: Path) -> dict:
         return {}
 
 
+def temp_beside(path: Path) -> Path:
+    """The temporary file an atomic write of ``path`` goes through (same folder and extension)."""
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """``write(tmp)`` a temporary file beside ``path`` (same extension, so writers that look at it still work), then
     rename it onto ``path``. On any failure the temporary file is removed and the old ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    tmp = temp_beside(path)
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -8,8 +8,9 @@
   window-relative frames 3..5. Nothing to catch up on. The first frame is either an old decoded pixel frame
   re-encoded as an image (Krea, ``first_frame="reencode"``) or simply latent frame 0 (``"latent"``).
 - ``noisy`` (Diagonal forcing, LongLive): no clean pass; the K/V of a block's last denoising call are its final
-  K/V. Rolling window with pinned sinks, absolute RoPE positions. Blocks made by the other model are written with
-  one forward on their last noisy input at their last timestep.
+  K/V. Rolling window with pinned sinks (LongLive: the first ``sink_frames`` frames ever written stay), RoPE at
+  absolute positions or at window-relative ones (``positions="window"``: any length). Blocks made by the other
+  model are written with one forward on their last noisy input at their last timestep.
 
 :class:`CacheConfig` is what users set (CLI, nodes, API); :meth:`CacheConfig.policy` gives the behaviour. The
 denoiser, the sampler's time estimate and the bench's analytic call counts all ask the policy; none keeps its
@@ -31,6 +32,7 @@ from .kv_cache import SelfKVCache
 
 CONTEXT_FRAMES = 3  # recompute: first frame + last 2 latent frames
 FIRST_FRAME_SOURCES = ("reencode", "latent")
+POSITIONS = ("absolute", "window")  # RoPE frame positions of the noisy regime's cache
 
 
 class CacheRegime(str, Enum):
@@ -44,12 +46,20 @@ REGIMES = tuple(r.value for r in CacheRegime)
 
 @dataclass
 class CacheConfig:
-    """The cache settings. ``window_frames``/``sink_frames`` apply to ``noisy``; ``first_frame`` to ``recompute``."""
+    """The cache settings. ``window_frames``/``sink_frames``/``positions`` apply to ``noisy``; ``first_frame`` to
+    ``recompute``.
+
+    ``positions``: ``"absolute"`` ropes every frame at its frame index in the video (what the models were trained
+    with; the video may not outgrow the model's RoPE table), ``"window"`` at its slot in the rolling window (sinks
+    first), so any length fits: the cache stores un-roped keys and ropes the window on every read. Recompute's
+    positions are always window-relative (the block sits at frames 3..5), global's always absolute.
+    """
 
     regime: CacheRegime = CacheRegime.RECOMPUTE
     window_frames: int = 12
     sink_frames: int = 3
     first_frame: str = "reencode"
+    positions: str = "absolute"
 
     def __post_init__(self) -> None:
         try:
@@ -69,6 +79,11 @@ class CacheConfig:
             )
         if self.first_frame not in FIRST_FRAME_SOURCES:
             raise ConfigError(f"first_frame must be one of {', '.join(FIRST_FRAME_SOURCES)}, got {self.first_frame!r}.")
+        if self.positions not in POSITIONS:
+            raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}.")
+        if self.positions == "window" and self.regime == CacheRegime.GLOBAL:
+            raise ConfigError("The global cache keeps every frame at its absolute RoPE position; window-relative "
+                              "positions need a rolling window: use the noisy regime (or recompute).")
 
     def policy(self) -> CachePolicy:
         return _POLICIES[self.regime](self)
@@ -81,6 +96,7 @@ class CacheLayout:
     capacity_frames: int
     rolling: bool = False
     sink_frames: int = 0
+    rope_on_read: bool = False  # keys stored un-roped, roped at their window slot on every read
 
 
 class CacheSurface(Protocol):
@@ -101,6 +117,8 @@ class CacheSurface(Protocol):
     def forget_from(self, block: int) -> None: ...
 
     def first_frame(self, history: BlockHistory) -> torch.Tensor | None: ...
+
+    def condition_on(self, block: int) -> None: ...
 
 
 class CachePolicy:
@@ -149,6 +167,7 @@ class CachePolicy:
         for hb in den.history.blocks:
             if not den.holds(hb):
                 x, t = self.history_input(hb)
+                den.condition_on(hb.index)  # a block's K/V are written under its own prompt
                 den.call(x, t, hb.index * FRAMES_PER_BLOCK)
                 den.mark_written(hb.index, hb.token)
 
@@ -158,6 +177,13 @@ class CachePolicy:
 
     def needs_cached_history(self) -> bool:
         return self.writes_history
+
+    def needed_from(self, den: CacheSurface, history: BlockHistory) -> int:
+        """The oldest history block ``den`` may still read (older ones can be dropped on long videos): the first
+        one its cache does not hold yet, or only the last block when the cache is rebuilt from the tail."""
+        if not self.writes_history:
+            return max(len(history) - 1, 0)
+        return next((hb.index for hb in history.blocks if not den.holds(hb)), len(history))
 
     def place_block(self, den: CacheSurface, block: int) -> int:
         """Prepare the cache for denoising ``block``; returns the block's RoPE frame offset."""
@@ -215,7 +241,7 @@ class RecomputeCache(CachePolicy):
         else:
             first = den.first_frame(hist) if self.reencodes_first_frame else None
             if first is None:
-                first = hist.blocks[0].x0[:, :, :1]
+                first = hist.first_latent_frame()
             ctx = torch.cat([den.prep(first), den.prep(hist.tail_frames(CONTEXT_FRAMES - 1, block))], dim=2)
         den.call(ctx, 0.0, 0)
         return ctx.shape[2]
@@ -228,9 +254,23 @@ class NoisyCache(CachePolicy):
 
     def layout(self, num_frames: int) -> CacheLayout:
         cfg = self.config
+        relative = cfg.positions == "window"
         if num_frames <= cfg.window_frames:
-            return CacheLayout(num_frames)
-        return CacheLayout(cfg.window_frames, rolling=True, sink_frames=cfg.sink_frames)
+            return CacheLayout(num_frames, rope_on_read=relative)
+        return CacheLayout(cfg.window_frames, rolling=True, sink_frames=cfg.sink_frames, rope_on_read=relative)
+
+    def check_length(self, num_frames: int, rope_frames: int) -> None:
+        cfg = self.config
+        if cfg.positions == "window":
+            if min(num_frames, cfg.window_frames) > rope_frames:
+                raise ConfigError(f"window_frames ({cfg.window_frames}) exceeds the model's RoPE range of {rope_frames} "
+                                  "frames; use a smaller window.")
+        elif num_frames > rope_frames:
+            raise ConfigError(
+                f"{num_frames // FRAMES_PER_BLOCK} blocks ({num_frames} latent frames) exceed the RoPE range of "
+                f"{rope_frames} frames at absolute positions. Use window-relative positions (--positions window / "
+                "positions='window') or the recompute regime for long videos."
+            )
 
     def history_input(self, hb: HistoryBlock):
         if hb.last_noisy is None:

@@ -16,6 +16,7 @@ COLORS = {
     "accept": (46, 160, 67),  # draft accepted
     "reject": (219, 109, 40),  # target regenerated after a rejected draft
     "forced": (70, 110, 200),  # target without a draft (block 0, target-only)
+    "input": (140, 140, 150),  # a given block (image-to-video, extension)
     "tau": (200, 40, 40),
     "text": (30, 30, 30),
     "grid": (215, 215, 215),
@@ -24,7 +25,10 @@ COLORS = {
 
 
 def block_kind(block: dict) -> str:
-    """'accept' (draft kept), 'reject' (draft rejected, target regenerated) or 'forced' (target, no draft)."""
+    """'accept' (draft kept), 'reject' (draft rejected, target regenerated), 'forced' (target, no draft) or 'input'
+    (a given block)."""
+    if block.get("produced_by") == "input":
+        return "input"
     if block.get("produced_by") == "drafter":
         return "accept"
     return "reject" if block.get("drafted") else "forced"
@@ -62,6 +66,8 @@ def summarize(report: dict) -> str:
         q = from_json_float(b.get("q"))
         qtxt = f"q={q:+.3f}" if q is not None and math.isfinite(q) else "q=—"
         timing = ", ".join(f"{k} {v * 1000:.0f}ms" for k, v in b.get("timings", {}).items() if v >= 0.0005)
+        if b.get("prompt"):
+            lines.append(f"  -- prompt from block {b['block']}: {b['prompt']}")
         lines.append(f"  block {b['block']}: {block_kind(b):7s} by {b['produced_by']:7s} {qtxt}  {b['reason']}  [{timing}]")
     return "\n".join(lines)
 
@@ -91,6 +97,12 @@ def render_timeline(report: dict, *, width: int = 900, height: int = 300) -> Ima
             chart.line([(i, tau), (i + 1, tau)], COLORS["tau"])
         if q is not None and math.isfinite(q):
             chart.marker(i + 0.5, q, COLORS[block_kind(blocks[i])], size=5)
+    for b in blocks:  # a prompt timeline: a dashed line where each new prompt starts
+        if b.get("prompt"):
+            i = int(b["block"])
+            chart.line([(i, lo), (i, hi)], COLORS["text"], width=1, dashed=True)
+            chart.draw.line([left + i * cell_w, top - 4, left + i * cell_w, top + cells_h + 4], fill=COLORS["text"],
+                            width=2)
     legend = [("draft accepted", COLORS["accept"], "box"), ("target regenerated", COLORS["reject"], "box"),
               ("target (forced)", COLORS["forced"], "box"), ("tau in force", COLORS["tau"], "line")]
     chart.legend((left, height - 26), legend, horizontal=150)

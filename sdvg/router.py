@@ -337,6 +337,11 @@ class Router:
             self.reference = value
         return value
 
+    def reanchor(self) -> None:
+        """Forget the relative reference: the next block the target makes sets a new one (a prompt switch: scores
+        against another prompt are not comparable with the old reference)."""
+        self.reference = None
+
     # ---- thresholds ----------------------------------------------------------------------------------------
     def effective_rate(self) -> float:
         c = self.config

@@ -24,14 +24,17 @@ import torch
 
 from .blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS, pixel_frames_for_blocks
 from .causal import BlockDenoiser
+from .conditioning_frames import InitBlocks, VideoToVideo
 from .context_frames import ContextFrames
 from .errors import CancelledError, ConfigError, NonFiniteError, RunFailed
 from .history import BlockHistory, DenoiseResult, HistoryBlock
 from .hooks import CallObserver, Hooks
 from .meter import RunMeter
 from .pipeline import SDVGModels
-from .results import BlockEvent, BlockRecord, FrameBuffer, SDVGResult, StepEvent
+from .prompt_schedule import PromptSchedule
+from .results import BlockEvent, BlockRecord, SDVGResult, StepEvent
 from .router import Router, RouterConfig, RouteRecord
+from .run_memory import drop_old_history, footprint, output_store
 from .sampler_config import SamplerConfig
 from .scheduler import FlowMatchScheduler, NoiseBank
 from .verify import Draft, last_token, make_verifier
@@ -130,7 +133,8 @@ class SpeculativeSampler:
         cfg.cache.policy().check_length(cfg.num_blocks * FRAMES_PER_BLOCK, rope_len)
 
     # ------------------------------------------------------------------ public API
-    def run(self, prompt: str, *, on_block: Callable[[BlockEvent], None] | None = None, **kwargs) -> SDVGResult:
+    def run(self, prompt: str | PromptSchedule, *, on_block: Callable[[BlockEvent], None] | None = None,
+            **kwargs) -> SDVGResult:
         gen = self.generate(prompt, **kwargs)
         try:
             while True:
@@ -145,19 +149,26 @@ class SpeculativeSampler:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | PromptSchedule,
         *,
-        prompt_embeds: torch.Tensor | None = None,
+        prompt_embeds: torch.Tensor | Sequence[torch.Tensor] | None = None,
         cancel: Callable[[], bool] | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         observers: Sequence[CallObserver] = (),
+        video: VideoToVideo | None = None,
+        init: InitBlocks | None = None,
     ) -> Generator[BlockEvent, None, SDVGResult]:
-        """``cancel()`` is polled before every denoising step; ``on_step`` gets a :class:`StepEvent` per step;
-        ``observers`` hear every model call of this run (see ``hooks.py``)."""
-        run = _Run(self, prompt, prompt_embeds, cancel, on_step, observers)
+        """``prompt`` is one prompt or a :class:`PromptSchedule` (then ``prompt_embeds``, if given, is one tensor per
+        scheduled prompt). ``cancel()`` is polled before every denoising step; ``on_step`` gets a :class:`StepEvent`
+        per step; ``observers`` hear every model call of this run (see ``hooks.py``); ``video``: video-to-video,
+        ``init``: given first blocks (``conditioning_frames.py``)."""
+        run = _Run(self, prompt, prompt_embeds, cancel, on_step, observers, video, init)
         fault = None
         try:
-            for block in range(self.config.num_blocks):
+            first = init.num_blocks if init is not None else 0
+            for block in range(first):
+                yield run.given_block(block, init.block(block))
+            for block in range(first, self.config.num_blocks):
                 yield run.block(block)
         except CancelledError:
             run.partial = True
@@ -203,12 +214,24 @@ def describe_fault(exc: BaseException, finished: int) -> str:
 class _Run:
     """State of one generation, kept apart so one sampler can serve many prompts."""
 
-    def __init__(self, sampler: SpeculativeSampler, prompt, prompt_embeds, cancel, on_step, observers):
+    def __init__(self, sampler: SpeculativeSampler, prompt, prompt_embeds, cancel, on_step, observers, video=None,
+                 init=None):
+        self.prompts = prompt if isinstance(prompt, PromptSchedule) else None  # a prompt timeline
+        if self.prompts is not None:
+            self.prompts.check_blocks(sampler.config.num_blocks)
+            prompt = self.prompts.prompt_at(0)
         if not isinstance(prompt, str):
             raise ConfigError("The prompt must be a string (the reward model scores frames against it).")
         self.s, self.prompt, self.cancel, self.user_on_step = sampler, prompt, cancel, on_step
         cfg, models = sampler.config, sampler.models
         compat = self.compat = cfg.compat
+        self.video, self.init = video, init
+        if init is not None:
+            init.check_fits(cfg.num_blocks, cfg.latent_hw)
+        if video is not None:
+            video.check_fits(cfg.num_blocks, cfg.latent_hw)
+            if cfg.refine_from_step is not None:
+                raise ConfigError("refine_from_step and video-to-video both choose where a block starts; use one.")
         pooled = sampler.pooled_scores if compat.threshold_state == "pooled" else None
         self.router = Router(sampler.router_config, shared_history=pooled)
         self.partial = False
@@ -217,7 +240,7 @@ class _Run:
         self.vae, self.reward = models.vae, models.reward
         self.vae.reset(decoder=compat.vae_decoder)
         self.aux_device = torch.device(getattr(self.vae, "device", "cpu"))
-        self.frames = FrameBuffer(pixel_frames_for_blocks(cfg.num_blocks), cfg.height, cfg.width)
+        self.frames = output_store(cfg)  # all frames, or (long videos: flat memory) the last blocks'
         self.noise = NoiseBank(cfg.seed, (1, LATENT_CHANNELS, FRAMES_PER_BLOCK, *cfg.latent_hw), sampler.schedule)
         names = [name for name in ("target", "drafter") if getattr(models, name) is not None]
         self.meter = RunMeter(names)
@@ -231,6 +254,7 @@ class _Run:
         denoisers = {}
         for name in names:
             den = BlockDenoiser(getattr(models, name), cfg.cache, name=name, hooks=self.hooks)
+            den.prompts = self.prompts
             if den.policy.reencodes_first_frame:
                 den.first_frame_hook = context
             den.start(embeds.to(den.device), latent_shape=cfg.latent_hw, num_frames=cfg.num_blocks * FRAMES_PER_BLOCK)
@@ -238,10 +262,20 @@ class _Run:
         return denoisers
 
     def _encode_prompt(self, prompt_embeds):
-        if prompt_embeds is None:
-            if self.s.models.text_encoder is None:
-                raise ConfigError("No text encoder and no prompt embeddings were given.")
-            prompt_embeds = self.s.models.text_encoder.encode(self.prompt)
+        """Block 0's embeddings (every scheduled prompt is embedded once, up front)."""
+        if self.prompts is not None:
+            self.prompts.encode(self._embed, prompt_embeds)
+            for e in self.prompts.embeddings:
+                self._check_embeds(e)
+            return self.prompts.embeds_for(self.prompts.conditioning_key(0))
+        return self._check_embeds(self._embed(self.prompt) if prompt_embeds is None else prompt_embeds)
+
+    def _embed(self, prompt: str) -> torch.Tensor:
+        if self.s.models.text_encoder is None:
+            raise ConfigError("No text encoder and no prompt embeddings were given.")
+        return self.s.models.text_encoder.encode(prompt)
+
+    def _check_embeds(self, prompt_embeds):
         dit = self.s.models.target if self.s.models.target is not None else self.s.models.drafter
         want = int(dit.config["text_dim"])
         if not torch.is_tensor(prompt_embeds) or prompt_embeds.ndim != 3 or prompt_embeds.shape[0] != 1 \
@@ -251,6 +285,16 @@ class _Run:
                               f"got {got}.")
         return prompt_embeds
 
+    def prompt_at(self, block: int) -> str:
+        """The prompt ``block`` is scored against."""
+        return self.prompt if self.prompts is None else self.prompts.prompt_at(block)
+
+    def _anchors_at(self, block: int) -> bool:
+        """A prompt switch under the relative threshold: the target makes the block and sets the new reference."""
+        c = self.router.config
+        return self.prompts is not None and block in self.prompts.switches and c.mode == "reward" \
+            and c.threshold == "relative"
+
     @property
     def drafter_device(self) -> torch.device:
         return self.denoisers["drafter"].device
@@ -258,6 +302,8 @@ class _Run:
     # ---------------------------------------------------------------- one block: SPEC §1
     def block(self, b: int) -> BlockEvent:
         timings: dict[str, float] = {}
+        if self._anchors_at(b):
+            self.router.reanchor()
         forced = self.router.forced_target(b)
         if forced is not None:  # 1. block 0 anchors composition: the target makes it, no draft
             result = self._denoise("target", b, self.history, timings)
@@ -271,9 +317,17 @@ class _Run:
         result = self._regenerate(b, draft, timings)  # the target redoes the block from the same noise
         return self._commit_target(b, result, check.route, None, timings)  # 6. its latents become the context
 
+    def given_block(self, b: int, latents: torch.Tensor) -> BlockEvent:
+        """A block given as input (image-to-video, extension): committed as it is, decoded, never drafted or scored."""
+        timings: dict[str, float] = {}
+        frames = self.decode(latents, timings)
+        self.history.append(HistoryBlock.of(b, DenoiseResult(x0=latents, last_noisy=latents, last_t=0.0, forwards=0)))
+        return self._finish(b, frames, RouteRecord(b, "input", "given frames"), "input", False, timings)
+
     # ---------------------------------------------------------------- the steps' parts (VerifyHost for the verifier)
     def draftable(self, block: int) -> bool:
-        return block < self.s.config.num_blocks and self.router.forced_target(block) is None
+        return block < self.s.config.num_blocks and self.router.forced_target(block) is None \
+            and not self._anchors_at(block)
 
     def draft_on(self, block: int, history: BlockHistory, timings: dict) -> Draft:
         cfg = self.s.config  # step stitch keeps the drafter's x0 of step k − 1 for a rejecting target
@@ -299,9 +353,9 @@ class _Run:
                 )
             return frames
 
-    def score(self, frames: torch.Tensor, timings: dict) -> torch.Tensor:
+    def score(self, block: int, frames: torch.Tensor, timings: dict) -> torch.Tensor:
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            return self.reward.score(frames, self.prompt, preprocess=self.compat.reward_preprocess)
+            return self.reward.score(frames, self.prompt_at(block), preprocess=self.compat.reward_preprocess)
 
     def route(self, block: int, frames: torch.Tensor, timings: dict) -> RouteRecord:
         """Score the draft's frames when the router wants scores, and decide."""
@@ -309,11 +363,13 @@ class _Run:
         if not router.needs_scores(block):
             return router.decide(block)
         if router.cascade_split(int(frames.shape[0])) is not None:  # SDVG-hybrid: a subset of the frames first
-            return router.decide_cascade(block, int(frames.shape[0]), lambda idx: self.score(frames[idx], timings))
+            return router.decide_cascade(block, int(frames.shape[0]),
+                                         lambda idx: self.score(block, frames[idx], timings))
         if not router.can_exit_early:
-            return router.decide(block, self.score(frames, timings))
+            return router.decide(block, self.score(block, frames, timings))
         with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            chunks = self.reward.score_chunks(frames, self.prompt, EARLY_EXIT_CHUNK, preprocess=self.compat.reward_preprocess)
+            chunks = self.reward.score_chunks(frames, self.prompt_at(block), EARLY_EXIT_CHUNK,
+                                              preprocess=self.compat.reward_preprocess)
             return router.decide_streaming(block, chunks)
 
     def _step_hook(self, block: int, model: str):
@@ -336,6 +392,9 @@ class _Run:
         with self.meter.phase(timings, "cache", den.device):
             den.sync(history)
         noise = self.noise.get(block, den.device, den.dtype)
+        if self.video is not None:  # video-to-video: the block starts from the input's latents at the strength
+            kwargs = {**kwargs, "start_step": self.video.start_step(self.s.schedule[block]),
+                      "x0_init": self.video.block(block)}
         with self.meter.denoise(model, timings, den.device):
             result = den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model), **kwargs)
             if model == "target" and not _finite(result.x0):  # a drafter's NaN only rejects its draft (draft_on)
@@ -361,7 +420,7 @@ class _Run:
         if route is None:
             scores = None
             if self.router.wants_reference_score(b):
-                scores = self.score(frames, timings)
+                scores = self.score(b, frames, timings)
                 self.router.observe_reference(b, scores)
             route = self.router.forced_record(b, forced_reason, scores)
         self.history.append(HistoryBlock.of(b, result))
@@ -370,15 +429,19 @@ class _Run:
     def _finish(self, b, frames, route: RouteRecord, produced_by, drafted, timings) -> BlockEvent:
         with self.meter.phase(timings, "output"):
             out = self.frames.append(frames)
+        if not self.s.config.keep_output:
+            drop_old_history(self, timings)
+        steps = len(self.s.schedule[b]) - (self.video.start_step(self.s.schedule[b]) if self.video else 0)
         record = BlockRecord(
             block=b, decision=route.decision, reason=route.reason, produced_by=produced_by,
-            steps=len(self.s.schedule[b]), q=route.q, scores=list(route.scores), tau=route.tau,
+            steps=steps if produced_by != "input" else 0, q=route.q, scores=list(route.scores), tau=route.tau,
             aggregation=route.aggregation, drafted=drafted, timings=timings, forwards=self.meter.block_forwards(),
+            prompt=self.prompt_at(b) if self.prompts is not None and b in self.prompts.switches else None,
         )
         self.records.append(record)
         if b == 0 and self.compat.dropped_frames:  # the reference shows 6 frames of block 0 (all 9 stay context)
             out = out[self.compat.dropped_frames:]
-        return BlockEvent(b, out, record)
+        return BlockEvent(b, out, record, footprint(self))
 
     # ---------------------------------------------------------------- end
     def close(self) -> None:
@@ -393,7 +456,7 @@ class _Run:
             frames = frames[: cfg.num_frames]
         if cfg.output_dtype == "uint8":
             frames = (frames * 255.0).round_().clamp_(0, 255).to(torch.uint8)
-        latents = self.history.latents() if len(self.history) else torch.empty(0)
+        latents = self.history.latents() if len(self.history) and self.history.complete else torch.empty(0)
         totals = self.meter.totals(self.records, self.s.policy, cfg.num_blocks)
         return SDVGResult(frames, latents, self.records, self.partial, totals, self.settings())
 
@@ -409,10 +472,15 @@ class _Run:
             "window_frames": cfg.cache.window_frames,
             "sink_frames": cfg.cache.sink_frames,
             "first_frame": cfg.cache.first_frame,
+            "positions": cfg.cache.positions,
+            "keep_output": cfg.keep_output,
             "schedule": self.s.schedule,
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,
             "stitch": cfg.stitch,
             "compat": cfg.compat.to_dict(),
             "router": self.s.router_config.to_dict(),
+            "prompt_schedule": self.prompts.to_dict() if self.prompts is not None else None,
+            "v2v_strength": self.video.strength if self.video is not None else None,
+            "init_blocks": self.init.num_blocks if self.init is not None else 0,
         }

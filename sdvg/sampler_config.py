@@ -30,6 +30,9 @@ class SamplerConfig:
     num_frames: int | None = None  # trim the output to this many pixel frames
     output_dtype: str = "float"  # "float" ([0,1] float32) or "uint8"
     compat: Compat = field(default_factory=Compat)  # our defaults or the authors' behaviours (compat.py)
+    # True: the result holds every frame and latent (RAM grows with the video). False: each block's frames reach
+    # on_block only (stream them to disk) and the run holds a bounded tail: memory is flat in the block count.
+    keep_output: bool = True
 
     def validate(self) -> SamplerConfig:
         """Every check that needs no model (run it before loading any); raises ConfigError. Returns self."""
@@ -42,7 +45,8 @@ class SamplerConfig:
             )
         if self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be at least 1, got {self.num_blocks}.")
-        self._check_output_fits()
+        if self.keep_output:
+            self._check_output_fits()
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}.")
         shown = pixel_frames_for_blocks(self.num_blocks) - self.compat.dropped_frames
@@ -68,8 +72,9 @@ class SamplerConfig:
             raise ConfigError(f"stitch must be True or False, got {self.stitch!r}.")
         if self.stitch and self.refine_from_step is None:
             raise ConfigError("stitch needs refine_from_step = k: the step at which the target takes over the draft.")
-        if not isinstance(self.pipelined, bool):
-            raise ConfigError(f"pipelined must be True or False, got {self.pipelined!r}.")
+        for name in ("pipelined", "keep_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}.")
         if not isinstance(self.compat, Compat):
             raise ConfigError(f"compat must be a Compat (sdvg.compat.profile('reference')), got {self.compat!r}.")
         if not isinstance(self.cache, CacheConfig):
@@ -83,7 +88,8 @@ class SamplerConfig:
             gib = 2**30
             raise ConfigError(
                 f"{self.num_blocks} blocks at {self.width}×{self.height} need {need / gib:.1f} GiB for the output "
-                f"frames alone, more than this machine's {have / gib:.1f} GiB of RAM. Use fewer blocks or a smaller size."
+                f"frames alone, more than this machine's {have / gib:.1f} GiB of RAM. Use fewer blocks or a smaller size, "
+                "or stream the frames to disk (keep_output=False; the CLI's --out does)."
             )
 
     def step_schedule(self) -> list[list[float]]:

@@ -253,6 +253,26 @@ class StreamingVAE:
         mu = enc[:, : self.z_dim].float()
         return self.normalize(mu)
 
+    @torch.no_grad()
+    def encode_video(self, frames: torch.Tensor) -> torch.Tensor:
+        """Encode a clip ``[N, H, W, 3]`` in [0, 1] (N = 1 + 4k) as one causal stream: the first frame alone, then 4
+        frames per latent frame. Returns the normalized posterior mean ``[1, 16, 1 + k, H/8, W/8]`` (float32)."""
+        if not torch.is_tensor(frames) or not frames.is_floating_point() or frames.ndim != 4 or frames.shape[3] != 3 \
+                or (frames.shape[0] - 1) % 4:
+            raise ConfigError("encode_video needs float frames [N, H, W, 3] in [0, 1] with N = 1 + 4k; got "
+                              f"{tuple(frames.shape) if torch.is_tensor(frames) else type(frames).__name__}.")
+        s = self.spatial_factor
+        if frames.shape[1] % s or frames.shape[2] % s:
+            raise ConfigError(f"encode_video needs H and W divisible by {s}; got {frames.shape[1]}x{frames.shape[2]}.")
+        cache: list = [None] * self._n_enc
+        outs = []
+        for start, stop in [(0, 1)] + [(i, i + 4) for i in range(1, frames.shape[0], 4)]:
+            x = frames[start:stop].to(device=self.device, dtype=torch.float32).mul(2.0).sub(1.0)
+            x = x.permute(3, 0, 1, 2).unsqueeze(0).to(self.dtype)  # [1, 3, n, H, W]
+            outs.append(self.model.encoder(x, feat_cache=cache, feat_idx=[0]))
+        enc = self.model.quant_conv(torch.cat(outs, dim=2))
+        return self.normalize(enc[:, : self.z_dim].float())
+
     def __repr__(self) -> str:
         cfg = self.model.config
         return (f"StreamingVAE(base_dim={cfg.base_dim}, z_dim={cfg.z_dim}, device={self.device}, "

@@ -1,14 +1,17 @@
-"""Writing results: mp4 through PyAV, and safetensors dumps of latents and frames."""
+"""Writing results: mp4 through PyAV (whole, or fed block by block as a video is made), and safetensors dumps of
+latents and frames."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from fractions import Fraction
 from pathlib import Path
 
 import torch
 
 from .errors import ConfigError
-from .outputs import SDVG_OUTPUT_KEY, write_atomic
+from .outputs import SDVG_OUTPUT_KEY, temp_beside, write_atomic
 
 WAN_FPS = 16
 
@@ -25,31 +28,111 @@ def write_mp4(frames: torch.Tensor, path: str | Path, *, fps: int = WAN_FPS, crf
     failed write (full disk, killed process) leaves no broken file."""
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
         raise ConfigError(f"Expected frames [F, H, W, 3] with F ≥ 1, got {tuple(frames.shape)}.")
-    data = to_uint8(frames).numpy()
-    return write_atomic(path, lambda tmp: _encode_mp4(data, tmp, fps, crf))
+    data = to_uint8(frames)
+    return write_atomic(path, lambda tmp: _encode_all(data, tmp, fps, crf))
 
 
-def _encode_mp4(data, path: Path, fps: int, crf: int) -> None:
-    import av
+def _encode_all(data: torch.Tensor, path: Path, fps: int, crf: int) -> None:
+    with _Encoder(path, fps, crf) as enc:
+        enc.write(data)
 
-    height, width = data.shape[1:3]
-    pad_h, pad_w = height % 2, width % 2  # yuv420p needs even sizes
-    with av.open(str(path), mode="w") as container:
+
+class _Encoder:
+    """One open mp4 container: frames go in as they come; the stream is set up from the first frame's size."""
+
+    def __init__(self, path: Path, fps: int, crf: int) -> None:
+        import av
+
+        self.av = av
+        self.container = av.open(str(path), mode="w")
+        self.fps, self.crf = fps, crf
+        self.stream = None
+        self.pad = (0, 0)
+
+    def __enter__(self) -> _Encoder:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
         try:
-            stream = container.add_stream("libx264", rate=Fraction(fps))
-            stream.options = {"crf": str(crf)}
+            if exc_type is None and self.stream is not None:
+                for packet in self.stream.encode():
+                    self.container.mux(packet)
+        finally:
+            self.container.close()
+
+    def _open_stream(self, height: int, width: int) -> None:
+        try:
+            stream = self.container.add_stream("libx264", rate=Fraction(self.fps))
+            stream.options = {"crf": str(self.crf)}
         except Exception:  # noqa: BLE001 - codec availability depends on the FFmpeg build
-            stream = container.add_stream("mpeg4", rate=Fraction(fps))
-        stream.width, stream.height, stream.pix_fmt = width + pad_w, height + pad_h, "yuv420p"
-        for frame in data:
+            stream = self.container.add_stream("mpeg4", rate=Fraction(self.fps))
+        self.pad = (height % 2, width % 2)  # yuv420p needs even sizes
+        stream.width, stream.height, stream.pix_fmt = width + self.pad[1], height + self.pad[0], "yuv420p"
+        self.stream = stream
+
+    def write(self, frames: torch.Tensor) -> None:
+        """uint8 ``[F, H, W, 3]`` on the CPU."""
+        if self.stream is None:
+            self._open_stream(int(frames.shape[1]), int(frames.shape[2]))
+        pad_h, pad_w = self.pad
+        for frame in frames.numpy():
             if pad_h or pad_w:
                 import numpy as np
 
                 frame = np.pad(frame, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+            for packet in self.stream.encode(self.av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                self.container.mux(packet)
+
+
+class Mp4Stream:
+    """An mp4 written block by block while a video is made, so a long video never sits in RAM: ``write`` each
+    block's frames, then ``close`` (the file appears atomically under its name) or ``abort`` (nothing is left).
+    ``max_frames`` stops writing after that many frames (a ``--frames`` trim)."""
+
+    def __init__(self, path: str | Path, *, fps: int = WAN_FPS, crf: int = 18, max_frames: int | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = temp_beside(self.path)
+        self._fps, self._crf, self.max_frames = fps, crf, max_frames
+        self._enc: _Encoder | None = None
+        self.frames_written = 0
+
+    def write(self, frames: torch.Tensor) -> None:
+        if frames.ndim != 4 or frames.shape[-1] != 3:
+            raise ConfigError(f"Expected frames [F, H, W, 3], got {tuple(frames.shape)}.")
+        if self.max_frames is not None:
+            frames = frames[: max(self.max_frames - self.frames_written, 0)]
+        if not frames.shape[0]:
+            return
+        if self._enc is None:
+            self._enc = _Encoder(self._tmp, self._fps, self._crf)
+        try:
+            self._enc.write(to_uint8(frames))
+        except BaseException:
+            self.abort()
+            raise
+        self.frames_written += int(frames.shape[0])
+
+    def close(self) -> Path:
+        """Finish the file and move it into place (a stream with no frame writes nothing: ConfigError)."""
+        if self._enc is None:
+            raise ConfigError(f"No frame was written to {self.path}.")
+        enc, self._enc = self._enc, None
+        try:
+            enc.__exit__(None, None, None)
+            os.replace(self._tmp, self.path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                self._tmp.unlink()
+        return self.path
+
+    def abort(self) -> None:
+        enc, self._enc = self._enc, None
+        if enc is not None:
+            with contextlib.suppress(Exception):
+                enc.container.close()
+        with contextlib.suppress(FileNotFoundError):
+            self._tmp.unlink()
 
 
 def read_mp4_frame_count(path: str | Path) -> int:
@@ -57,6 +140,34 @@ def read_mp4_frame_count(path: str | Path) -> int:
 
     with av.open(str(path)) as container:
         return sum(1 for _ in container.decode(video=0))
+
+
+def probe_video(path: str | Path) -> tuple[int, int]:
+    """(width, height) of a video file's first stream, without decoding it; ConfigError if it is no video."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            return int(stream.codec_context.width), int(stream.codec_context.height)
+    except (av.error.FFmpegError, IndexError) as exc:
+        raise ConfigError(f"{path} is not a video file PyAV can read ({exc}).") from exc
+
+
+def read_video_frames(path: str | Path, max_frames: int | None = None) -> torch.Tensor:
+    """The first ``max_frames`` frames of a video file as float ``[N, H, W, 3]`` in [0, 1]."""
+    import av
+    import numpy as np
+
+    frames = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            frames.append(frame.to_ndarray(format="rgb24"))
+            if max_frames is not None and len(frames) >= max_frames:
+                break
+    if not frames:
+        raise ConfigError(f"{path} has no video frames.")
+    return torch.from_numpy(np.stack(frames)).float().div_(255.0)
 
 
 def save_tensor_file(path: str | Path, name: str, tensor: torch.Tensor, metadata: dict | None = None) -> Path:

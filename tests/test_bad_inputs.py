@@ -59,8 +59,10 @@ CASES = [
     ("settings", GEN + OUT + ["--pattern", "AA"], "--pattern goes with --mode pattern"),
     ("settings", GEN + OUT + ["--mode", "pattern", "--pattern", "AXR"], "string of A (accept) and R (reject)"),
     ("settings", GEN + OUT + ["--mode", "pattern", "--pattern", "AR", "--blocks", "7"], "give one entry per drafted"),
-    ("settings", GEN + OUT + ["--blocks", "100000", "--width", "2048", "--height", "2048"], "GiB for the output frames"),
-    ("settings", GEN + OUT + ["--frames", "10000000"], "GiB for the output frames"),
+    # only a run that keeps every frame in RAM is refused (--out alone streams them to the mp4)
+    ("settings", GEN + OUT + ["--blocks", "100000", "--width", "2048", "--height", "2048", "--save-frames",
+                              "{t}/f.safetensors"], "GiB for the output frames"),
+    ("settings", GEN + OUT + ["--frames", "10000000", "--save-latents", "{t}/l.safetensors"], "GiB for the output frames"),
     ("argparse", GEN + OUT + ["--tau", "nan"], "NaN is not a valid value"),
     ("argparse", GEN + OUT + ["--tau", "abc"], "argument --tau"),
     ("argparse", GEN + OUT + ["--cache", "rolling"], "invalid choice: 'rolling'"),

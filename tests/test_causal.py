@@ -215,7 +215,10 @@ def test_refine_on_reject(model, prompt):
     with pytest.raises(ConfigError):
         d.denoise(0, _noise(0), STEPS, start_step=2)
     with pytest.raises(ConfigError):
-        d.denoise(0, _noise(0), STEPS, start_step=4, x0_init=partial.x0)
+        d.denoise(0, _noise(0), STEPS, start_step=5, x0_init=partial.x0)
+    # start_step = len(steps): nothing left to denoise, the block is x0_init (video-to-video at strength 0)
+    kept = d.denoise(0, _noise(0), STEPS, start_step=4, x0_init=partial.x0)
+    assert torch.equal(kept.x0, partial.x0) and kept.forwards == 0
 
 
 def test_cancel_from_on_step(model, prompt):

@@ -187,11 +187,10 @@ def test_a_failing_video_write_still_writes_the_report_and_leaves_no_broken_file
                                                                                  capsys):
     from sdvg import video
 
-    def disk_full(data, path, fps, crf):
-        path.write_bytes(b"\x00" * 100)  # half a file, then the disk is full
+    def disk_full(self, frames):  # the disk fills up while the first block is encoded
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(video, "_encode_mp4", disk_full)
+    monkeypatch.setattr(video._Encoder, "write", disk_full)
     out, report = tmp_path / "v.mp4", tmp_path / "r.json"
     code = _generate(tmp_path, "--out", str(out), "--report", str(report), "--mode", "target-only", models=tiny_dir)
     err = capsys.readouterr().err

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.host, pytest.mark.skipif(not comfy_server.host_configs(), reason=comfy_server.SKIP_REASON)]
 HOSTS = comfy_server.host_configs()
 OUR_NODES = {"SDVGModelLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader", "SDVGTextEncode",
-             "SDVGRewardRouter", "SDVGSpeculativeSampler", "SDVGReport"}
+             "SDVGPromptSchedule", "SDVGStartFrames", "SDVGRewardRouter", "SDVGSpeculativeSampler", "SDVGReport"}
 
 
 @pytest.fixture(scope="module")

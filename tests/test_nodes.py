@@ -47,7 +47,8 @@ def test_entrypoint_lists_every_node(host):
     assert ids == [
         "SDVGModelLoader", "SDVGLoraLoader", "SDVGTextEncoderLoader", "SDVGVAELoader", "SDVGRewardLoader",
         "SDVGDiTFromModel",
-        "SDVGTextEncode", "SDVGRewardRouter", "SDVGSpeculativeSampler", "SDVGReport",
+        "SDVGTextEncode", "SDVGPromptSchedule", "SDVGStartFrames", "SDVGRewardRouter", "SDVGSpeculativeSampler",
+        "SDVGReport",
     ]
     assert not hasattr(mod, "NODE_CLASS_MAPPINGS")
 
@@ -67,7 +68,7 @@ def test_router_slider_and_sampler_widgets(nodes):
     sampler = stub.node_info(nodes["SDVGSpeculativeSampler"])["input"]
     assert sampler["required"]["seed"][1]["control_after_generate"] is True
     assert sampler["required"]["width"][1]["step"] == 16 and sampler["required"]["height"][1]["step"] == 16
-    assert set(sampler["optional"]) == {"drafter", "target", "reward"}
+    assert set(sampler["optional"]) == {"drafter", "target", "reward", "start"}
     assert sampler["hidden"]["unique_id"] == ["UNIQUE_ID"]
 
 
@@ -197,7 +198,8 @@ def tiny_nodes(tiny_host):
     return {cls.define_schema().node_id: cls for cls in mod.node_classes()}
 
 
-def _run_tiny(nodes, *, blocks=3, mode="reward", tau=-0.7, **sampler_kwargs):
+def _run_tiny(nodes, *, blocks=3, mode="reward", tau=-0.7, schedule_text=None, start_images=None, start_mode=None,
+              **sampler_kwargs):
     load = nodes["SDVGModelLoader"].execute
     drafter = load(model_name="sdvg_tiny_drafter.pt", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
     target = load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
@@ -205,9 +207,14 @@ def _run_tiny(nodes, *, blocks=3, mode="reward", tau=-0.7, **sampler_kwargs):
     reward = nodes["SDVGRewardLoader"].execute(model_name="sdvg_tiny_image_reward.pt", device="cpu")[0]
     te = nodes["SDVGTextEncoderLoader"].execute(model_name="sdvg_tiny_umt5.safetensors", device="cpu", dtype="fp32")[0]
     cond = nodes["SDVGTextEncode"].execute(prompt="a red fox in the snow", text_encoder=te)[0]
+    if schedule_text is not None:
+        cond = nodes["SDVGPromptSchedule"].execute(schedule=schedule_text, text_encoder=te, blend_blocks=0)[0]
     router = nodes["SDVGRewardRouter"].execute(tau=tau, aggregation="min", quantile=0.1, threshold_mode="fixed",
                                                target_rate=0.72, delta=0.5, mode=mode, random_rate=0.5,
                                                force_reject_first=True, early_exit=False)[0]
+    if start_images is not None:
+        sampler_kwargs["start"] = nodes["SDVGStartFrames"].execute(images=start_images, vae=vae, mode=start_mode,
+                                                                   strength=0.0)[0]
     sampler = nodes["SDVGSpeculativeSampler"]
     sampler.hidden = stub.HiddenHolder(unique_id="7")
     kwargs = dict(seed=1, blocks=blocks, width=64, height=64, cache="recompute", schedule="constant",
@@ -236,6 +243,28 @@ def test_sampler_streams_one_preview_and_one_event_per_block(tiny_host, tiny_nod
     assert timeline["blocks"] == blocks and timeline["num_blocks"] == 3
     assert timeline["run"] == tiny_host.events_of("sdvg.start")[0]["run"] and "totals" in timeline
     assert router.seed == 0  # the router input is never mutated (the sampler works on a copy)
+
+
+def test_prompt_schedule_node_feeds_the_sampler_a_timeline(tiny_host, tiny_nodes):
+    schedule = tiny_nodes["SDVGPromptSchedule"]
+    assert schedule.validate_inputs(schedule="2: starts late", blend_blocks=0).startswith("The prompt schedule must")
+    out, _ = _run_tiny(tiny_nodes, blocks=3, mode="target-only", width=16, height=16,
+                       schedule_text="0: a red fox in the snow\n2: the fox jumps")
+    data = json.loads(out.args[2])
+    assert [b["prompt"] for b in data["blocks"]] == [None, None, "the fox jumps"]
+    assert data["settings"]["prompt"] == "a red fox in the snow"
+
+
+def test_start_frames_node_gives_first_blocks_or_video_to_video(tiny_host, tiny_nodes):
+    image = torch.rand(1, 16, 16, 3)
+    out, _ = _run_tiny(tiny_nodes, blocks=2, mode="target-only", width=16, height=16, start_images=image,
+                       start_mode="first blocks")
+    assert [b["produced_by"] for b in json.loads(out.args[2])["blocks"]] == ["input", "target"]
+    clip = out.args[0]  # the 21 frames just made, re-generated at strength 0: the clip's own latents
+    out2, _ = _run_tiny(tiny_nodes, blocks=2, mode="target-only", width=16, height=16, start_images=clip,
+                        start_mode="video-to-video")
+    report = json.loads(out2.args[2])
+    assert report["settings"]["v2v_strength"] == 0.0 and [b["steps"] for b in report["blocks"]] == [0, 0]
 
 
 def test_models_are_loaded_once_while_held_and_registered_with_the_host(tiny_host, tiny_nodes):

@@ -23,11 +23,15 @@ def test_each_regime_has_its_policy_and_layout():
     assert noisy.layout(9) == CacheLayout(9) and noisy.layout(21) == CacheLayout(9, rolling=True, sink_frames=3)
 
 
-def test_only_the_global_regime_runs_out_of_rope_positions():
+def test_only_absolute_positions_run_out_of_rope_positions():
     with pytest.raises(ConfigError, match="recompute or noisy"):
         CacheConfig("global").policy().check_length(1026, 1024)
-    for regime in ("recompute", "noisy"):
-        CacheConfig(regime).policy().check_length(10_000, 1024)
+    with pytest.raises(ConfigError, match="window-relative positions"):
+        CacheConfig("noisy").policy().check_length(1026, 1024)  # absolute positions (the default)
+    CacheConfig("recompute").policy().check_length(10_000, 1024)
+    CacheConfig("noisy", positions="window").policy().check_length(10_000, 1024)
+    with pytest.raises(ConfigError, match="smaller window"):
+        CacheConfig("noisy", window_frames=30, positions="window").policy().check_length(10_000, 24)
 
 
 def test_first_frame_option_belongs_to_the_recompute_regime():

@@ -17,7 +17,7 @@ from tests.host.ui_to_api import ConversionError, ui_to_api, widget_values
 
 REPO = Path(__file__).resolve().parent.parent
 UI_FILES = sorted((REPO / "workflows").glob("*.json"))
-FILE_WIDGETS = {"model_name"}
+FILE_WIDGETS = {"model_name", "file"}
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +29,10 @@ def _load(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def test_the_four_workflows_exist():
+def test_the_workflows_exist():
     names = {p.stem for p in UI_FILES}
-    assert names == {"sdvg_speculative_t2v", "sdvg_target_only_baseline", "sdvg_diagonal_noisy_cache", "sdvg_tiny_cpu"}
+    assert names == {"sdvg_speculative_t2v", "sdvg_target_only_baseline", "sdvg_diagonal_noisy_cache", "sdvg_tiny_cpu",
+                     "sdvg_long_video", "sdvg_prompt_timeline", "sdvg_video_to_video"}
 
 
 @pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.stem)
@@ -52,7 +53,7 @@ def test_workflow_is_valid(path, object_info):
             where = f"{path.stem}:{node['type']}.{name}"
             value = values[name]
             if name in FILE_WIDGETS:
-                if not (isinstance(value, str) and re.fullmatch(r"[\w.\-]+\.(safetensors|pt|pth)", value)):
+                if not (isinstance(value, str) and re.fullmatch(r"[\w.\-]+\.(safetensors|pt|pth|mp4)", value)):
                     problems.append(f"{where}: {value!r} is not a plain model file name")
                 continue
             problems += value_problems(where, type_slot, opts, value)

@@ -54,6 +54,29 @@ NOTE_REAL = """## Model files (put them in these ComfyUI folders)
 Nothing is downloaded at run time. On two GPUs set the text encoder, VAE and ImageReward loaders' device to `cuda:1` (paper split); the DiTs stay on `cuda:0`.
 """
 
+NOTE_LONG = """
+## Long videos
+
+The caches, the VAE state and the history are flat in the block count (`recompute`, or `noisy` with `positions` =
+`window`); the `images` output is one batch of every frame (4.8 MB a frame at 832×480: 3.2 GB here). For minutes of
+video use the CLI, which streams frames to the mp4 as they come: `python -m sdvg generate --blocks 400 --out long.mp4`.
+"""
+
+NOTE_V2V = """
+## Video-to-video
+
+Put an 832×480 clip of at least 81 frames (7 blocks: 12 × blocks − 3) into ComfyUI's `input/` folder as
+`sdvg_input.mp4` (or pick yours in Load Video). Every block starts from the clip's latents noised to `strength`
+(1 = text-to-video, 0 = the clip); drafter and target alike, so the router works as usual. Mode `first blocks`
+instead makes the clip (or an image) the video's first blocks and generates the rest.
+"""
+
+TIMELINE = (
+    "0: A red fox trots through fresh snow in a quiet pine forest at sunrise, tracking shot\n"
+    "4: The red fox leaps over a frozen stream, snow spraying, tracking shot\n"
+    "8: The red fox sits on a rock at the forest edge and looks at the valley, golden light"
+)
+
 NOTE_TINY = """## Tiny CPU preset (random weights: the video is noise, the pipeline is real)
 
 Create the files once with `python -m sdvg make-tiny <ComfyUI>/models` (or any folder mapped in `extra_model_paths.yaml`). It writes:
@@ -96,11 +119,12 @@ def _loader_nodes(files: dict, *, dtype: str, device: str, roles: tuple[str, ...
     return nodes
 
 
-def _spec(name, title, subtitle, files, note, *, roles, router, sampler, dtype="auto", device="auto", fps=16.0) -> Spec:
+def _spec(name, title, subtitle, files, note, *, roles, router, sampler, dtype="auto", device="auto", fps=16.0,
+          encode=None, start_from=None) -> Spec:
     spec = Spec(name, title, subtitle)
     spec.nodes += _loader_nodes(files, dtype=dtype, device=device, roles=roles)
     spec.nodes += [
-        {"key": "encode", "type": "SDVGTextEncode", "pos": [420, 60], "values": {"prompt": PROMPT}},
+        encode or {"key": "encode", "type": "SDVGTextEncode", "pos": [420, 60], "values": {"prompt": PROMPT}},
         {"key": "router", "type": "SDVGRewardRouter", "pos": [420, 320], "values": router},
         {"key": "sampler", "type": "SDVGSpeculativeSampler", "pos": [820, 60], "values": sampler, "size": [440, 720]},
         {"key": "video", "type": "CreateVideo", "pos": [1320, 60], "values": {"fps": fps}},
@@ -123,6 +147,14 @@ def _spec(name, title, subtitle, files, note, *, roles, router, sampler, dtype="
         ("report", 1, "chart", "images"),
         ("report", 0, "summary", "source"),
     ]
+    if start_from is not None:  # a clip to start from: Load Video → Get Video Components → SDVG Start Frames
+        spec.nodes += [
+            {"key": "load_video", "type": "LoadVideo", "pos": [420, 560], "values": {"file": start_from["file"]}},
+            {"key": "components", "type": "GetVideoComponents", "pos": [420, 720], "values": {}},
+            {"key": "start", "type": "SDVGStartFrames", "pos": [420, 860], "values": start_from["values"]},
+        ]
+        spec.links += [("load_video", 0, "components", "video"), ("components", 0, "start", "images"),
+                       ("vae", 0, "start", "vae"), ("start", 0, "sampler", "start")]
     spec.notes.append((note, [40, 60 + 150 * len(roles) + 20], [740, 330]))
     return spec
 
@@ -147,6 +179,27 @@ def specs() -> list[Spec]:
             FILES_REAL, NOTE_REAL, roles=("drafter", "text_encoder", "vae"),
             router={"mode": "draft-only", "force_reject_first": False},
             sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480, "cache": "noisy", "schedule": "diagonal"},
+        ),
+        _spec(
+            "sdvg_long_video", "Long video", "56 blocks (669 frames, 42 s): recompute cache, memory flat in the length",
+            FILES_REAL, NOTE_REAL + NOTE_LONG, roles=all_roles,
+            router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
+            sampler={"seed": 42, "blocks": 56, "width": 832, "height": 480, "cache": "recompute"},
+        ),
+        _spec(
+            "sdvg_prompt_timeline", "Prompt timeline", "Three prompts over 12 blocks, blended over one block (Krea)",
+            FILES_REAL, NOTE_REAL, roles=all_roles,
+            router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
+            sampler={"seed": 42, "blocks": 12, "width": 832, "height": 480},
+            encode={"key": "encode", "type": "SDVGPromptSchedule", "pos": [420, 60], "size": [360, 200],
+                    "values": {"schedule": TIMELINE, "blend_blocks": 1}},
+        ),
+        _spec(
+            "sdvg_video_to_video", "Video-to-video", "A clip re-generated at strength 0.6 (Krea v2v), speculative",
+            FILES_REAL, NOTE_REAL + NOTE_V2V, roles=all_roles,
+            router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
+            sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480},
+            start_from={"file": "sdvg_input.mp4", "values": {"mode": "video-to-video", "strength": 0.6}},
         ),
         _spec(
             "sdvg_tiny_cpu", "SDVG tiny CPU check", "Random tiny models, 64×64, 6 blocks: tests an install in seconds",
@@ -256,7 +309,7 @@ def thumbnail(spec: Spec, path: Path) -> None:
     draw.text((24, 24), spec.title, fill=(235, 235, 240))
     draw.text((24, 48), spec.subtitle, fill=(160, 165, 180))
     pattern = {"sdvg_target_only_baseline": "FFFFFFF", "sdvg_diagonal_noisy_cache": "AAAAAAA",
-               "sdvg_tiny_cpu": "FARAAR"}.get(spec.name, "FAARAAR")
+               "sdvg_tiny_cpu": "FARAAR", "sdvg_prompt_timeline": "FAAFAAF"}.get(spec.name, "FAARAAR")
     for i, kind in enumerate(pattern):
         x = 24 + i * 66
         draw.rounded_rectangle((x, 120, x + 58, 220), radius=8, fill=colors[kind])

@@ -42,5 +42,7 @@ CORE_NODES: dict[str, dict] = {
         {"device": ["COMBO", {"options": ["default", "cpu"]}]},
         ["CLIP"],
     ),
+    "LoadVideo": _info({"file": ["COMBO", {"options": [], "video_upload": True}]}, output=["VIDEO"]),
+    "GetVideoComponents": _info({"video": ["VIDEO", {}]}, output=["IMAGE", "AUDIO", "FLOAT"]),
     "CLIPTextEncode": _info({"text": ["STRING", {"multiline": True}], "clip": ["CLIP", {}]}, output=["CONDITIONING"]),
 }

@@ -6,6 +6,7 @@
 //   * a legend and one cell per block, sized to the node width, coloured by outcome:
 //       accept = the draft was kept, reject = the draft was rejected and the target regenerated the block,
 //       forced = the target made the block without a draft (block 0, target-only mode);
+//       input  = a given block (SDVG Start Frames: image-to-video, extension), neither drafted nor scored;
 //   * q_b per block against the τ line (dots on the block columns; τ dashed, labelled);
 //   * a detail panel: the block under the mouse (or the latest one) with decision, reason, q_b, τ, per-frame
 //     min / mean and timings, plus that block's frames while hovering.
@@ -29,6 +30,7 @@ export const KINDS = {
   accept: { label: "draft accepted", color: "#4fbf7a" },
   reject: { label: "target after rejected draft", color: "#e8684a" },
   forced: { label: "target, no draft", color: "#5b8def" },
+  input: { label: "given frames", color: "#8c8c96" },
 };
 
 const CSS = `
@@ -99,6 +101,7 @@ export function blockKind(b) {
   if (!b) return null;
   if (b.kind && KINDS[b.kind]) return b.kind;
   if (b.produced_by === "drafter") return "accept";
+  if (b.produced_by === "input") return "input";
   return b.drafted ? "reject" : "forced";
 }
 
@@ -293,7 +296,7 @@ class Timeline {
 
   acceptanceText() {
     const done = this.done();
-    const drafted = done.filter((b) => blockKind(b) !== "forced");
+    const drafted = done.filter((b) => blockKind(b) !== "forced" && blockKind(b) !== "input");
     const accepted = done.filter((b) => blockKind(b) === "accept");
     if (!drafted.length) return done.length ? "no drafts" : "";
     return `accepted ${accepted.length}/${drafted.length} drafts (${Math.round((100 * accepted.length) / drafted.length)}%)`;
@@ -328,7 +331,7 @@ class Timeline {
     this.line1.append(head, document.createTextNode(` ${KINDS[kind].label} — ${b.reason || b.decision || ""}`));
     const stats = b.frame_stats;
     const frames = stats ? `frames min ${fmt(stats.min)} / mean ${fmt(stats.mean)} (${stats.count})` : "no frame scores";
-    const q = kind === "forced" && (b.q === null || b.q === undefined) ? "not scored" : `q_b ${fmt(b.q)}`;
+    const q = (kind === "forced" || kind === "input") && (b.q === null || b.q === undefined) ? "not scored" : `q_b ${fmt(b.q)}`;
     this.line2.textContent = `${q} · τ ${fmt(b.tau)}${b.aggregation ? ` (${b.aggregation})` : ""} · ${frames}`;
     const times = Object.entries(b.timings || {})
       .filter(([, v]) => typeof v === "number")
