@@ -63,7 +63,7 @@ def page(server):
 
 
 def _load_tiny(page) -> None:
-    workflow = json.loads((REPO / "workflows" / "sdvg_tiny_cpu.json").read_text(encoding="utf-8"))
+    workflow = json.loads((REPO / "example_workflows" / "sdvg_tiny_cpu.json").read_text(encoding="utf-8"))
     page.evaluate("async (wf) => { await app.loadGraphData(wf); }", workflow)
 
 
@@ -99,7 +99,7 @@ def test_frontend_export_matches_our_api_twin(server, page):
     saved = page.evaluate(
         "() => app.graph.serialize().nodes.find(n => n.type === 'SDVGSpeculativeSampler').widgets_values"
     )
-    original = json.loads((REPO / "workflows" / "sdvg_tiny_cpu.json").read_text(encoding="utf-8"))
+    original = json.loads((REPO / "example_workflows" / "sdvg_tiny_cpu.json").read_text(encoding="utf-8"))
     assert saved == next(n for n in original["nodes"] if n["type"] == "SDVGSpeculativeSampler")["widgets_values"]
 
 

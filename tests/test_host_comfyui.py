@@ -133,7 +133,7 @@ def test_core_node_table_matches_the_host(server):
 
 def test_workflows_are_listed_as_templates(server):
     templates = server.get("/workflow_templates")
-    assert sorted(templates["sdvg"]) == sorted(p.stem for p in (REPO / "workflows").glob("*.json"))
+    assert sorted(templates["sdvg"]) == sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
     with urllib.request.urlopen(server.base + "/api/workflow_templates/sdvg/sdvg_tiny_cpu.json") as r:
         assert json.loads(r.read())["nodes"]
     with urllib.request.urlopen(server.base + "/api/workflow_templates/sdvg/sdvg_tiny_cpu.jpg") as r:
@@ -295,22 +295,28 @@ def _core_wan_prompt(target: dict, prefix: str) -> dict:
     return prompt
 
 
-def test_a_core_model_from_load_diffusion_model_runs_as_our_target_bit_for_bit(server):
+def _latents(server, target: dict, name: str):
+    """The saved latents of a target-only tiny run whose target comes from the ``target`` nodes."""
     from safetensors.torch import load_file
 
-    ours = {"30": {"class_type": "SDVGModelLoader", "inputs": {"model_name": "sdvg_core_wan.safetensors",
-                                                               "weight_dtype": "fp32", "device": "cpu",
-                                                               "offload": "keep_loaded"}}}
+    log = server.run(_core_wan_prompt(target, name))
+    assert "execution_success" in log.types(), (log.of("execution_error"), server.server_log()[-3000:])
+    (path,) = (Path(server.tmp) / "out" / "latents").glob(f"{name}_*.latent")
+    return load_file(str(path))["latent_tensor"]
+
+
+CORE_WAN_FILE = {"30": {"class_type": "SDVGModelLoader", "inputs": {"model_name": "sdvg_core_wan.safetensors",
+                                                                    "weight_dtype": "fp32", "device": "cpu",
+                                                                    "offload": "keep_loaded"}}}
+
+
+def test_a_core_model_from_load_diffusion_model_runs_as_our_target_bit_for_bit(server):
+    ours = CORE_WAN_FILE
     core = {"30": {"class_type": "UNETLoader", "inputs": {"unet_name": "sdvg_core_wan.safetensors",
                                                           "weight_dtype": "default"}},
             "31": {"class_type": "SDVGDiTFromModel", "inputs": {"model": ["30", 0], "weight_dtype": "fp32",
                                                                 "device": "cpu", "offload": "keep_loaded"}}}
-    latents = {}
-    for name, target in (("file", ours), ("core", core)):
-        log = server.run(_core_wan_prompt(target, f"sdvg_core_{name}"))
-        assert "execution_success" in log.types(), (log.of("execution_error"), server.server_log()[-3000:])
-        (path,) = (Path(server.tmp) / "out" / "latents").glob(f"sdvg_core_{name}_*.latent")
-        latents[name] = load_file(str(path))["latent_tensor"]
+    latents = {name: _latents(server, target, f"sdvg_core_{name}") for name, target in (("file", ours), ("core", core))}
     assert latents["file"].shape[2] == 6 and latents["file"].abs().sum() > 0
     assert torch.equal(latents["file"], latents["core"])
 
@@ -318,8 +324,6 @@ def test_a_core_model_from_load_diffusion_model_runs_as_our_target_bit_for_bit(s
 def test_our_lora_merge_matches_comfyuis_own_lora_on_the_same_file(server):
     """SDVG Load LoRA (merged as the file is read) against core's LoraLoaderModelOnly → SDVG DiT from MODEL (ComfyUI's
     calculate_weight): two implementations of the same merge give the same video up to fp32 rounding."""
-    from safetensors.torch import load_file
-
     lora = {"lora_name": "sdvg_core_wan_lora.safetensors"}
     ours = {"30": {"class_type": "SDVGModelLoader", "inputs": {"model_name": "sdvg_core_wan.safetensors",
                                                                "weight_dtype": "fp32", "device": "cpu",
@@ -330,14 +334,9 @@ def test_our_lora_merge_matches_comfyuis_own_lora_on_the_same_file(server):
             "31": {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["30", 0], **lora, "strength_model": 0.7}},
             "32": {"class_type": "SDVGDiTFromModel", "inputs": {"model": ["31", 0], "weight_dtype": "fp32",
                                                                 "device": "cpu", "offload": "keep_loaded"}}}
-    latents = {}
-    for name, target in (("ours", ours), ("core", core)):
-        log = server.run(_core_wan_prompt(target, f"sdvg_lora_{name}"))
-        assert "execution_success" in log.types(), (log.of("execution_error"), server.server_log()[-3000:])
-        (path,) = (Path(server.tmp) / "out" / "latents").glob(f"sdvg_lora_{name}_*.latent")
-        latents[name] = load_file(str(path))["latent_tensor"]
-    (plain,) = (Path(server.tmp) / "out" / "latents").glob("sdvg_core_file_*.latent")
-    assert not torch.allclose(latents["ours"], load_file(str(plain))["latent_tensor"], atol=1e-3)  # the LoRA acts
+    latents = {name: _latents(server, target, f"sdvg_lora_{name}")
+               for name, target in (("plain", CORE_WAN_FILE), ("ours", ours), ("core", core))}
+    assert not torch.allclose(latents["ours"], latents["plain"], atol=1e-3)  # the LoRA acts
     assert torch.allclose(latents["ours"], latents["core"], atol=1e-4, rtol=0)
 
 

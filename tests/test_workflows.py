@@ -16,7 +16,7 @@ from tests.host.schema_checks import value_problems, widget_inputs
 from tests.host.ui_to_api import ConversionError, ui_to_api, widget_values
 
 REPO = Path(__file__).resolve().parent.parent
-UI_FILES = sorted((REPO / "workflows").glob("*.json"))
+UI_FILES = sorted((REPO / "example_workflows").glob("*.json"))
 FILE_WIDGETS = {"model_name", "file"}
 
 
@@ -89,11 +89,11 @@ def test_api_twin_matches_converter(path, object_info):
 
 def test_generator_has_no_drift(object_info):
     for name, (ui, _api) in build_workflows.build_all(object_info).items():
-        assert _load(REPO / "workflows" / f"{name}.json") == json.loads(build_workflows.dump(ui)), f"rerun build_workflows for {name}"
+        assert _load(REPO / "example_workflows" / f"{name}.json") == json.loads(build_workflows.dump(ui)), f"rerun build_workflows for {name}"
 
 
 def test_tiny_workflow_uses_the_make_tiny_files():
-    wf = _load(REPO / "workflows" / "sdvg_tiny_cpu.json")
+    wf = _load(REPO / "example_workflows" / "sdvg_tiny_cpu.json")
     files = {n["widgets_values"][0] for n in wf["nodes"] if n["type"].endswith("Loader")}
     assert files == set(build_workflows.FILES_TINY.values())
 

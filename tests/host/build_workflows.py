@@ -1,6 +1,6 @@
 """Write the shipped workflows (UI format + .jpg thumbnail) and their API-format twins.
 
-    .venv/bin/python -m tests.host.build_workflows          # rewrite workflows/ and tests/workflows/
+    .venv/bin/python -m tests.host.build_workflows          # rewrite example_workflows/ and tests/workflows/
 
 The UI files are built from the node schemas (widget order and defaults come from there), so they cannot drift
 from the nodes; ``tests/test_workflows.py`` rebuilds them in memory and compares with the committed files.
@@ -19,7 +19,7 @@ from .schema_checks import widget_inputs
 from .ui_to_api import ui_to_api
 
 REPO = Path(__file__).resolve().parents[2]
-UI_DIR = REPO / "workflows"
+UI_DIR = REPO / "example_workflows"
 API_DIR = REPO / "tests" / "workflows"
 
 FILES_REAL = {
