@@ -19,6 +19,7 @@ from ..sdvg.compat import PROFILES
 from ..sdvg.errors import ConfigError
 from ..sdvg.jsonable import to_jsonable
 from ..sdvg.regimes import POSITIONS, REGIMES, CacheConfig
+from ..sdvg.router import runs_model
 from ..sdvg.scheduler import SCHEDULES as NAMED_SCHEDULES
 from . import _host, _models
 from .handles import DiTHandle
@@ -177,8 +178,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                                 profile=profile, positions=positions)
         warn_large_image(config)
         # a DiT is read from its file here, the first time a run needs it (and only if this mode calls it)
-        models = SDVGModels(target=_model_for(target, router.mode != "draft-only"),
-                            drafter=_model_for(drafter, router.mode != "target-only"),
+        models = SDVGModels(target=_model_for(target, runs_model(router.mode, "target")),
+                            drafter=_model_for(drafter, runs_model(router.mode, "drafter")),
                             vae=vae.model, reward=getattr(reward, "model", None))
         # a copy bound to this run (seed for random routing); the input is untouched
         router = dataclasses.replace(router, seed=int(seed) % (2**63))

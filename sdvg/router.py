@@ -48,6 +48,12 @@ from .errors import ConfigError
 from .jsonable import to_jsonable
 
 MODES = ("reward", "random", "draft-only", "target-only", "pattern")
+UNUSED_MODEL = {"draft-only": "target", "target-only": "drafter"}  # the DiT a routing mode never runs
+
+
+def runs_model(mode: str, role: str) -> bool:
+    """Whether routing mode ``mode`` ever calls the DiT ``role`` ("target" or "drafter")."""
+    return UNUSED_MODEL.get(mode) != role
 AGGREGATIONS = ("min", "mean", "quantile")
 THRESHOLDS = ("fixed", "target-rate", "relative")
 MAX_EFFECTIVE_RATE = 0.95

@@ -10,16 +10,6 @@ A host that manages memory (ComfyUI's ``load_models_gpu``) is told these figures
 Activations are not included (a host adds its own minimum for them). The decoder cache is measured, not guessed:
 one two-block decode at a 4×4 latent (it reaches its steady size after the first block); every entry scales with
 the latent area, so that measurement scales exactly to any size.
-
-What a run holds while it runs, and keeping it flat in the block count (``SamplerConfig.keep_output=False``):
-
-Every per-run store is bounded: the KV caches (the policy's layout), the VAE decoder state (a fixed set of conv
-feature caches), the re-encoded context frames (``context_frames``: the last few), the noise bank (two blocks), and
-with ``keep_output=False`` the output frames (:class:`results.FrameTail`: the last two blocks) and the history: a
-block's latents are dropped once no cache will read them. A model that has not run for ``CATCH_UP_BACKLOG`` blocks
-(the target while drafts are accepted, in the noisy and global regimes) writes its backlog into its cache early: the
-same forwards, in the same order, that it would run when it is next needed, so the video is unchanged, and the
-history it would have read can go. Only the per-block records (a few hundred bytes each) grow.
 """
 
 from __future__ import annotations
@@ -29,18 +19,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS, pixel_frames_for_blocks
+from .blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS
 from .kv_cache import kv_cache_nbytes
 from .regimes import CacheConfig
-from .results import FrameBuffer, FrameTail
+from .router import runs_model
 
 if TYPE_CHECKING:
     from .pipeline import SDVGModels
     from .vae import StreamingVAE
 
 TEXT_TOKENS = 512
-CATCH_UP_BACKLOG = 8
-UNUSED_MODEL = {"draft-only": "target", "target-only": "drafter"}  # the model a routing mode never runs
 _PROBE_HW = (4, 4)
 _vae_bytes_per_latent_pixel: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -82,8 +70,7 @@ def vae_cache_bytes(vae: StreamingVAE, latent_hw: tuple[int, int]) -> int:
 def run_memory(models: SDVGModels, *, cache: CacheConfig, num_blocks: int, width: int, height: int,
                mode: str) -> dict[torch.device, int]:
     """Bytes a run of ``num_blocks`` at ``width``×``height`` allocates per device (see the module docstring).
-    ``mode`` is the routing mode: draft-only never runs the target's caches, target-only never the drafter's
-    (``UNUSED_MODEL``)."""
+    ``mode`` is the routing mode: draft-only never runs the target's caches, target-only never the drafter's."""
     latent_hw = (height // 8, width // 8)
     num_frames = num_blocks * FRAMES_PER_BLOCK
     need: dict[torch.device, int] = {}
@@ -93,39 +80,7 @@ def run_memory(models: SDVGModels, *, cache: CacheConfig, num_blocks: int, width
         need[dev] = need.get(dev, 0) + int(nbytes)
 
     for role, model in (("target", models.target), ("drafter", models.drafter)):
-        if model is not None and UNUSED_MODEL.get(mode) != role:
+        if model is not None and runs_model(mode, role):
             add(model.execution_device, kv_cache_bytes(model, cache, num_frames, latent_hw) + cross_attn_bytes(model))
     add(models.vae.device, 2 * vae_cache_bytes(models.vae, latent_hw))
     return need
-
-def output_store(config) -> FrameBuffer | FrameTail:
-    """Every frame (``keep_output``), or the last blocks' only (the frames reach ``on_block``; stream them out)."""
-    if config.keep_output:
-        return FrameBuffer(pixel_frames_for_blocks(config.num_blocks), config.height, config.width)
-    return FrameTail(config.height, config.width)
-
-
-def footprint(run) -> dict:
-    """What the run holds now: KV-cache bytes and frames per model, history blocks, output frames, VAE bytes."""
-    dens = {name: den for name, den in run.denoisers.items() if den.kv is not None}
-    frames = run.frames
-    return {"kv_bytes": {n: d.kv.nbytes for n, d in dens.items()}, "kv_frames": {n: len(d.kv.frames) for n, d in dens.items()},
-            "history_blocks": len(run.history.blocks),
-            "frames_held": frames.held_frames if isinstance(frames, FrameTail) else frames.count,
-            "vae_bytes": run.vae.cache_nbytes}
-
-
-def drop_old_history(run, timings: dict) -> None:
-    """Forget the latents no cache will read any more (keeping the last two blocks)."""
-    hist = run.history
-    keep = len(hist) - 2
-    for name, den in run.denoisers.items():
-        if UNUSED_MODEL.get(run.router.config.mode) == name:
-            continue
-        need = den.policy.needed_from(den, hist)
-        if len(hist) - need > CATCH_UP_BACKLOG:
-            with run.meter.phase(timings, "cache", den.device):
-                den.sync(hist)
-            need = den.policy.needed_from(den, hist)
-        keep = min(keep, need)
-    hist.drop_before(keep)

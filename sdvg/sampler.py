@@ -33,8 +33,8 @@ from .meter import RunMeter
 from .pipeline import SDVGModels
 from .prompt_schedule import PromptSchedule
 from .results import BlockEvent, BlockRecord, SDVGResult, StepEvent
-from .router import Router, RouterConfig, RouteRecord
-from .run_memory import drop_old_history, footprint, output_store
+from .retention import drop_old_history, footprint, output_store
+from .router import Router, RouterConfig, RouteRecord, runs_model
 from .sampler_config import SamplerConfig
 from .scheduler import FlowMatchScheduler, NoiseBank
 from .verify import Draft, last_token, make_verifier
@@ -74,10 +74,9 @@ class SpeculativeSampler:
         self._check_model_types()
         cfg, models, router = self.config, self.models, self.router_config
         mode = router.mode
-        if mode != "draft-only" and models.target is None:
-            raise ConfigError(f"Routing mode '{mode}' needs a target model; none was given.")
-        if mode != "target-only" and models.drafter is None:
-            raise ConfigError(f"Routing mode '{mode}' needs a drafter model; none was given.")
+        for role in ("target", "drafter"):
+            if runs_model(mode, role) and getattr(models, role) is None:
+                raise ConfigError(f"Routing mode '{mode}' needs a {role} model; none was given.")
         if router.scores_drafts and models.reward is None:
             raise ConfigError(f"Routing mode '{mode}' scores drafts: it needs a reward model (ImageReward); none was given.")
         if cfg.pipelined and mode == "target-only":

@@ -10,8 +10,8 @@ import torch
 
 from sdvg.errors import ConfigError
 from sdvg.regimes import CacheConfig
+from sdvg.retention import CATCH_UP_BACKLOG
 from sdvg.router import RouterConfig
-from sdvg.run_memory import CATCH_UP_BACKLOG
 from sdvg.sampler import SamplerConfig, SpeculativeSampler
 
 PROMPT = "a red fox running through snow"
