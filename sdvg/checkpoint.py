@@ -227,10 +227,17 @@ def looks_like(keys: Iterable[str], *, entry: str | None = None) -> str:
     return f"{kind.label}, which goes in models/{kind.folder}/" if kind else "an unknown model"
 
 
+def first_keys(keys: Iterable[str], n: int = 5, *, count: bool = False) -> str:
+    """The first ``n`` keys in sorted order, for error messages: 'a, b, …' (``count``: 'a, b, … (12 in all)')."""
+    keys = sorted(keys)
+    more = (f", … ({len(keys)} in all)" if count else ", …") if len(keys) > n else ""
+    return ", ".join(keys[:n]) + more
+
+
 def describe_keys(keys: Iterable[str], n: int = 5) -> str:
     """'12 tensors (first keys: a, b, …; top prefixes: x.y.* (8), …)', for error messages."""
     keys = sorted(keys)
-    first = ", ".join(keys[:n]) + (", …" if len(keys) > n else "")
+    first = first_keys(keys, n)
     top = collections.Counter(".".join(k.split(".")[:2]) for k in keys).most_common(n)
     prefixes = ", ".join(f"{p}.* ({c})" for p, c in top)
     return f"{len(keys)} tensor{'s' if len(keys) != 1 else ''} (first keys: {first or 'none'}; top prefixes: " \

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint
+from .checkpoint import first_keys, load_checkpoint
 from .errors import ConfigError, ModelFileError
 from .file_checks import require_path
 from .wan_keys import diffusers_to_original_key
@@ -171,11 +171,6 @@ def _format_of(prefixes: Counter, modules: Iterable[str]) -> str:
     return "original"
 
 
-def _first(keys: Iterable[str], n: int = 5) -> str:
-    keys = sorted(keys)
-    return ", ".join(keys[:n]) + (f", … ({len(keys)} in all)" if len(keys) > n else "")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # reading and matching
 
@@ -215,7 +210,7 @@ def read_lora(spec: LoraSpec, param_shapes: Mapping[str, Sequence[int]], *, what
     if unsupported:
         raise ModelFileError(
             f"{path}: a LoRA variant SDVG does not merge (LyCORIS LoCon/LoHa/LoKr or DoRA keys: "
-            f"{_first(unsupported, 3)}). Use a plain LoRA (lora_down/lora_up or lora_A/lora_B) or full diffs."
+            f"{first_keys(unsupported, 3, count=True)}). Use a plain LoRA (lora_down/lora_up or lora_A/lora_B) or full diffs."
         )
     table = _name_table(param_shapes)
     groups: dict[str, dict[str, torch.Tensor]] = {}
@@ -234,7 +229,7 @@ def read_lora(spec: LoraSpec, param_shapes: Mapping[str, Sequence[int]], *, what
         groups[module][part] = tensor
     if unknown:
         raise ModelFileError(
-            f"{path}: {len(unknown)} of {len(tensors)} LoRA keys match nothing in {what} (e.g. {_first(unknown, 4)}); "
+            f"{path}: {len(unknown)} of {len(tensors)} LoRA keys match nothing in {what} (e.g. {first_keys(unknown, 4, count=True)}); "
             f"the LoRA looks made for a DiT of {_made_for(_scan(tensors))}. "
             "SDVG merges Wan 2.1 T2V LoRAs in the kohya (lora_unet_…), diffusers (transformer.…) or original "
             "(diffusion_model.…) layouts; a LoRA for an I2V model, another model family, or a DiT with fewer layers "

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import checkpoint
 from .checkpoint import describe_keys, looks_like, parameters_on_meta, prefix_before, torch_load, unwrap_state_dict
 from .devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
 from .dit import CausalWanTransformer
@@ -207,10 +208,6 @@ def _open_diffusers_dir(folder: Path) -> _Source:
 # recognising the content
 
 
-def _first_keys(keys: list[str], n: int = 6) -> str:
-    return ", ".join(keys[:n]) + (", …" if len(keys) > n else "")
-
-
 def _detect_layout(src: _Source) -> tuple[str, str]:
     """→ (key_layout, prefix). Strips nothing yet; ``_fsdp_wrapped_module.`` is removed before matching."""
     keys = [k.replace("_fsdp_wrapped_module.", "") for k in src.shapes]
@@ -225,7 +222,7 @@ def _detect_layout(src: _Source) -> tuple[str, str]:
         if prefix not in KNOWN_PREFIXES:
             raise ModelFileError(
                 f"{src.path}: looks like a Wan DiT but its keys start with an unknown prefix {prefix!r} "
-                f"(first keys: {_first_keys(sorted(keys))}). Known prefixes: "
+                f"(first keys: {checkpoint.first_keys(keys, 6)}). Known prefixes: "
                 f"{', '.join(repr(x) for x in KNOWN_PREFIXES)}."
             )
         return layout, prefix
@@ -252,7 +249,7 @@ def _strip(src: _Source, prefix: str) -> dict[str, str]:
     if outside:
         raise ModelFileError(
             f"{src.path}: {len(outside)} tensors are outside the DiT prefix {prefix!r} "
-            f"(e.g. {_first_keys(sorted(outside), 4)}); this is not a plain Wan 2.1 DiT checkpoint."
+            f"(e.g. {checkpoint.first_keys(outside, 4)}); this is not a plain Wan 2.1 DiT checkpoint."
         )
     return mapping
 
@@ -376,9 +373,9 @@ def _check_keys(model: nn.Module, state_dict: dict[str, torch.Tensor], config: d
         return
     parts = []
     if missing:
-        parts.append(f"{len(missing)} missing (e.g. {_first_keys([diffusers_to_original_key(k) for k in missing], 4)})")
+        parts.append(f"{len(missing)} missing (e.g. {checkpoint.first_keys([diffusers_to_original_key(k) for k in missing], 4)})")
     if unexpected:
-        parts.append(f"{len(unexpected)} unexpected (e.g. {_first_keys(unexpected, 4)})")
+        parts.append(f"{len(unexpected)} unexpected (e.g. {checkpoint.first_keys(unexpected, 4)})")
     raise ModelFileError(
         f"{name}: the weights do not match a Wan 2.1 T2V DiT with dim "
         f"{config['num_attention_heads'] * config['attention_head_dim']} and {config['num_layers']} layers: "
