@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -156,11 +158,20 @@ def clear_interrupt() -> None:
 CORE_PREFIX = "diffusion_model."
 
 
-def core_wan_weights(model) -> tuple[dict[str, tuple[int, ...]], object, int, torch.dtype, object]:
-    """What SDVG needs from a core ``MODEL`` holding a Wan 2.1 T2V DiT: (original key → shape, ``read(key)`` that
-    returns one weight with the MODEL's weight patches — LoRAs, merges — applied by ComfyUI's own
-    ``comfy.lora.calculate_weight``, head count, stored dtype, identity for caching). Anything else is a ConfigError
-    naming what it is."""
+class CoreWeights(NamedTuple):
+    """What SDVG needs from a core MODEL's Wan DiT."""
+
+    shapes: dict[str, tuple[int, ...]]  # original key → shape
+    read: Callable[[str], torch.Tensor]  # one weight, the MODEL's weight patches applied
+    heads: int | None
+    stored_dtype: torch.dtype
+    identity: tuple  # the MODEL and its patches, for caching
+
+
+def core_wan_weights(model) -> CoreWeights:
+    """:class:`CoreWeights` of a core ``MODEL`` holding a Wan 2.1 T2V DiT; ``read`` applies the MODEL's weight
+    patches (LoRAs, merges) with ComfyUI's own ``comfy.lora.calculate_weight``. Anything else is a ConfigError naming
+    what it is."""
     from ..sdvg.errors import ConfigError
 
     base = getattr(model, "model", None)
@@ -194,7 +205,7 @@ def core_wan_weights(model) -> tuple[dict[str, tuple[int, ...]], object, int, to
     stored = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
     identity = (id(base), str(getattr(model, "patches_uuid", "")))
     shapes = {k: tuple(v.shape) for k, v in weights.items()}
-    return shapes, read, int(getattr(dm, "num_heads", 0)) or None, stored, identity
+    return CoreWeights(shapes, read, int(getattr(dm, "num_heads", 0)) or None, stored, identity)
 
 
 # --------------------------------------------------------------------------------------------- folders

@@ -51,13 +51,13 @@ class SDVGDiTFromModel(io.ComfyNode):
         from ..sdvg.devices import resolve_device
         from ..sdvg.dit_from_weights import dit_from_weights
 
-        shapes, read, heads, stored, identity = _host.core_wan_weights(model)
+        core = _host.core_wan_weights(model)
         dev = resolve_device(device, what="DiT")
-        nbytes = sum(math.prod(s) for s in shapes.values()) * stored.itemsize
+        nbytes = sum(math.prod(s) for s in core.shapes.values()) * core.stored_dtype.itemsize
 
         def load():
-            return dit_from_weights(read, shapes, heads=heads, stored_dtype=stored, dtype=weight_dtype, device=dev,
-                                    name="the core MODEL")
+            return dit_from_weights(core.read, core.shapes, heads=core.heads, stored_dtype=core.stored_dtype,
+                                    dtype=weight_dtype, device=dev, name="the core MODEL")
 
-        managed = _models.load("dit", ("core", *identity, weight_dtype, str(dev)), "MODEL", nbytes, dev, load)
+        managed = _models.load("dit", ("core", *core.identity, weight_dtype, str(dev)), "MODEL", nbytes, dev, load)
         return io.NodeOutput(DiTHandle.of(managed, file="MODEL", dtype=weight_dtype, device=dev, offload=offload))
