@@ -20,7 +20,7 @@ from .hooks import NO_HOOKS, Hooks
 from .kv_cache import CrossAttnCache, SelfKVCache
 from .prompt_schedule import PromptSchedule
 from .regimes import CacheConfig
-from .scheduler import BlockNoise, FlowMatchScheduler, renoise, to_x0
+from .scheduler import BlockNoise, FlowMatchScheduler, renoise, to_eps, to_x0
 
 logger = logging.getLogger(__name__)
 
@@ -188,14 +188,16 @@ class BlockDenoiser:
     def denoise(
         self, block: int, noise: BlockNoise, timesteps: list[float], *, start_step: int = 0,
         x0_init: torch.Tensor | None = None, on_step: Callable[[int, int], None] | None = None,
-        keep_x0_step: int | None = None,
+        keep_x0_step: int | None = None, step_noise: str = "fresh",
     ) -> DenoiseResult:
         """Few-step denoise of one block from ``noise`` (or refine from ``x0_init`` at ``start_step``; ``start_step =
         len(timesteps)`` keeps ``x0_init`` as it is: video-to-video at strength 0).
 
         ``on_step(i, n)`` runs before each denoising call (not before the recompute context refill); an exception
         it raises (``CancelledError``) propagates. ``forwards`` in the result includes the refill. ``keep_x0_step``:
-        the result keeps that step's x0 prediction (``x0_kept``; step stitch hands it to the target).
+        the result keeps that step's x0 prediction (``x0_kept``; step stitch hands it to the target). ``step_noise``:
+        re-noise between steps with the block's fresh noise, or with the noise the model predicts ("predicted": Euler
+        steps of the flow ODE).
         """
         self._require_started()
         n = self._check_denoise_args(block, noise, timesteps, start_step, x0_init)
@@ -222,7 +224,8 @@ class BlockDenoiser:
                 if i == keep_x0_step:
                     kept = x0
                 if i < n - 1:
-                    x = renoise(x0, self.prep(noise.renoise[i]), sigmas[i + 1])
+                    eps = to_eps(x, v, sigmas[i]) if step_noise == "predicted" else self.prep(noise.renoise[i])
+                    x = renoise(x0, eps, sigmas[i + 1])
         last_t = float(timesteps[n - 1]) if start_step < n else 0.0
         result = DenoiseResult(x0=x0, last_noisy=x, last_t=last_t, forwards=self.forwards - before, x0_kept=kept)
         self.policy.after_denoise(self, block, result.token)

@@ -160,6 +160,10 @@ class CausalWanTransformer(WanTransformer3DModel):
     @torch.inference_mode()
     def prepare_cross_attention(self, prompt_embeds: torch.Tensor) -> CrossAttnCache:
         """Text embedder once, then per-layer cross-attention K (normed) and V."""
+        return self.cross_attention(prompt_embeds)
+
+    def cross_attention(self, prompt_embeds: torch.Tensor) -> CrossAttnCache:
+        """:meth:`prepare_cross_attention` with autograd (training); ``prompt_embeds [B, L, text_dim]``."""
         te = self.condition_embedder.text_embedder
         ctx = prompt_embeds.to(self.execution_device, self._in_dtype(te.linear_1))
         ctx = te(ctx).to(self.compute_dtype)
@@ -328,6 +332,20 @@ class CausalWanTransformer(WanTransformer3DModel):
         blk = torch.arange(num_frames, device=device).div(frames_per_block, rounding_mode="floor")
         blk = blk.repeat_interleave(tokens_per_frame)
         return blk.unsqueeze(1) >= blk.unsqueeze(0)
+
+    def forward_train(self, x: torch.Tensor, t: torch.Tensor, cross: CrossAttnCache,
+                      frames_per_block: int = 3) -> torch.Tensor:
+        """Flow prediction over a whole clip ``x [B,C,F,h,w]`` with a block-causal mask, with autograd (training).
+
+        Every frame attends to its own and earlier blocks: exactly what the cached block-by-block forward computes
+        when the earlier blocks were cached at the timesteps given for them in ``t``."""
+        f, hh, ww = x.shape[2:]
+        mask = self.block_causal_mask(f, self.tokens_per_frame(hh, ww), frames_per_block, device=self.execution_device)
+
+        def attend(i, q, k, v):
+            return self._sdpa(q, k, v, mask)
+
+        return self._run(x, t, cross, 0, attend)
 
     @torch.inference_mode()
     def forward_blockwise_masked(

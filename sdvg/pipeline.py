@@ -36,7 +36,7 @@ NAME_HINTS = {
     "target": ("sdvg_tiny_target", "krea", "target"),
     "vae": ("sdvg_tiny_vae", "wan_2.1_vae", "wan2.1_vae", "vae"),
     "text_encoder": ("sdvg_tiny_umt5", "umt5", "t5"),
-    "reward": ("sdvg_tiny_image_reward", "imagereward", "image_reward"),
+    "reward": ("sdvg_tiny_image_reward", "sdvg_toy_critic", "imagereward", "image_reward"),
 }
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".sft", ".bin")
 
@@ -111,7 +111,7 @@ def load_models(
     it loads, so a mismatched file is named before the rest is loaded."""
     from .reward_loading import load_image_reward
     from .text_encoder import TextEncoder
-    from .vae import StreamingVAE
+    from .vae_open import open_vae
     from .wan_loading import load_dit
 
     explicit = {"drafter": drafter, "target": target, "vae": vae, "text_encoder": text_encoder, "reward": reward}
@@ -136,7 +136,7 @@ def load_models(
     return SDVGModels(
         target=dits.get("target"),
         drafter=dits.get("drafter"),
-        vae=StreamingVAE.load(paths["vae"], device=aux_dev, dtype=aux_dtype),
+        vae=open_vae(paths["vae"], device=aux_dev, dtype=aux_dtype),
         text_encoder=encoder,
         reward=load_image_reward(paths["reward"], device=aux_dev) if "reward" in paths else None,
     )

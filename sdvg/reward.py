@@ -246,14 +246,17 @@ class ImageReward(nn.Module):
         """Preprocessed ``[N,3,S,S]`` → rewards ``[N]`` float32 on the model device, one forward."""
         with torch.inference_mode():
             n = pixels.shape[0]
-            image = self.vision(pixel_values=pixels.to(self.dtype)).last_hidden_state
-            ids = prompt.input_ids.expand(n, -1)
-            mask = prompt.attention_mask.expand(n, -1)
-            hidden = self.text(
-                input_ids=ids, attention_mask=mask, encoder_hidden_states=image, is_decoder=False
-            ).last_hidden_state
-            r = self.mlp(hidden[:, 0, :].float())
-            return ((r - REWARD_MEAN) / REWARD_STD).squeeze(-1)
+            return self.rewards(pixels, prompt.input_ids.expand(n, -1), prompt.attention_mask.expand(n, -1))
+
+    def rewards(self, pixels: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Rewards ``[N]`` of preprocessed ``pixels [N,3,S,S]`` against token rows ``[N, 35]``, with autograd when
+        enabled (what :meth:`score_pixels` runs; training a critic calls it directly)."""
+        image = self.vision(pixel_values=pixels.to(self.dtype)).last_hidden_state
+        hidden = self.text(
+            input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=image, is_decoder=False
+        ).last_hidden_state
+        r = self.mlp(hidden[:, 0, :].float())
+        return ((r - REWARD_MEAN) / REWARD_STD).squeeze(-1)
 
     def score_chunks(
         self, frames: torch.Tensor, prompt: str | PreparedPrompt, chunk_size: int | None = None, *,

@@ -395,7 +395,8 @@ class _Run:
             kwargs = {**kwargs, "start_step": self.video.start_step(self.s.schedule[block]),
                       "x0_init": self.video.block(block)}
         with self.meter.denoise(model, timings, den.device):
-            result = den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model), **kwargs)
+            result = den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model),
+                                 step_noise=self.s.config.step_noise, **kwargs)
             if model == "target" and not _finite(result.x0):  # a drafter's NaN only rejects its draft (draft_on)
                 raise NonFiniteError(
                     f"The target produced NaN/inf latents in block {block}. Load the DiTs in bf16 or fp32 (fp16 and "
@@ -474,6 +475,7 @@ class _Run:
             "positions": cfg.cache.positions,
             "keep_output": cfg.keep_output,
             "schedule": self.s.schedule,
+            "step_noise": cfg.step_noise,
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,
             "stitch": cfg.stitch,

@@ -11,7 +11,7 @@ from .compat import Compat
 from .errors import ConfigError
 from .memory import physical_memory_bytes
 from .regimes import CacheConfig
-from .scheduler import FlowMatchScheduler, build_step_schedule, with_tail_step
+from .scheduler import STEP_NOISES, FlowMatchScheduler, build_step_schedule, with_tail_step
 
 OUTPUT_DTYPES = ("float", "uint8")
 
@@ -24,6 +24,9 @@ class SamplerConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     schedule: str | Sequence[Sequence[float]] = "constant"
+    # between steps: re-noise with fresh noise (Self-Forcing, Krea) or with the predicted noise (flow ODE, Euler
+    # steps: flow-matching models that were not distilled, e.g. the toy world's)
+    step_noise: str = "fresh"
     pipelined: bool = False
     refine_from_step: int | None = None
     stitch: bool = False  # with refine_from_step k: the target continues the drafter's own step-k state (step stitch)
@@ -52,6 +55,8 @@ class SamplerConfig:
         shown = pixel_frames_for_blocks(self.num_blocks) - self.compat.dropped_frames
         if self.num_frames is not None and not 1 <= self.num_frames <= shown:
             raise ConfigError(f"num_frames {self.num_frames} does not fit {self.num_blocks} blocks ({shown} frames).")
+        if self.step_noise not in STEP_NOISES:
+            raise ConfigError(f"step_noise must be one of {', '.join(STEP_NOISES)}, got {self.step_noise!r}.")
         if self.output_dtype not in OUTPUT_DTYPES:
             raise ConfigError(f"output_dtype must be 'float' or 'uint8', got {self.output_dtype!r}.")
         steps = max(len(row) for row in self.step_schedule())

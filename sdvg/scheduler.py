@@ -2,7 +2,9 @@
 
 Timesteps are floats on the 0..1000 scale. The table follows SPEC §2: ``sigmas = linspace(1, 0, 1001)[:-1]``
 shifted by ``s·σ / (1 + (s−1)·σ)``, ``timesteps = 1000·σ'``. Sampling is "predict x0, then re-noise":
-``x0 = x_t − σ_t·v`` and ``x = (1 − σ_next)·x0 + σ_next·ε``.
+``x0 = x_t − σ_t·v`` and ``x = (1 − σ_next)·x0 + σ_next·ε``, with fresh noise ε (Self-Forcing, Krea: distilled
+few-step models) or the noise the model predicts (``step_noise = "predicted"``: the flow ODE's Euler step, for
+flow-matching models that were not distilled, such as the toy world's).
 """
 
 from __future__ import annotations
@@ -224,6 +226,16 @@ def to_x0(x_t: torch.Tensor, v: torch.Tensor, sigma: float) -> torch.Tensor:
     """``x0 = x_t − σ·v`` computed in float32 or higher, cast back to ``x_t.dtype``."""
     ct = _compute_dtype(x_t.dtype)
     return (x_t.to(ct) - float(sigma) * v.to(ct)).to(x_t.dtype)
+
+
+def to_eps(x_t: torch.Tensor, v: torch.Tensor, sigma: float) -> torch.Tensor:
+    """The noise the flow prediction implies, ``ε = x_t + (1 − σ)·v`` (float32 or higher, cast back): re-noising the x0
+    prediction with it is one Euler step of the flow ODE, ``x_t + (σ_next − σ)·v`` (``step_noise = "predicted"``)."""
+    ct = _compute_dtype(x_t.dtype)
+    return (x_t.to(ct) + (1.0 - float(sigma)) * v.to(ct)).to(x_t.dtype)
+
+
+STEP_NOISES = ("fresh", "predicted")
 
 
 def renoise(x0: torch.Tensor, eps: torch.Tensor, sigma_next: float) -> torch.Tensor:

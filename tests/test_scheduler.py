@@ -120,3 +120,14 @@ def test_x0_and_renoise():
     y = renoise(x0.float(), eps, 0.25)
     assert torch.allclose(y, 0.75 * x0.float() + 0.25 * eps)
     assert math.isclose(float(renoise(torch.ones(1), torch.zeros(1), 0.0)), 1.0)
+
+
+def test_predicted_step_noise_is_an_euler_step_of_the_flow_ode():
+    """Re-noising the x0 prediction with the predicted noise is exactly x_t + (σ' − σ)·v (step_noise='predicted')."""
+    from sdvg.scheduler import renoise, to_eps, to_x0
+
+    gen = torch.Generator().manual_seed(0)
+    x, v = torch.randn(2, 16, 3, 4, 4, generator=gen), torch.randn(2, 16, 3, 4, 4, generator=gen)
+    s, s_next = 0.8, 0.55
+    stepped = renoise(to_x0(x, v, s), to_eps(x, v, s), s_next)
+    assert torch.allclose(stepped, x + (s_next - s) * v, atol=1e-6)
