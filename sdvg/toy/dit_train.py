@@ -1,0 +1,170 @@
+"""Flow-matching training of one causal DiT on the toy world (the toy target and drafter).
+
+The training forward is the project's own ``CausalWanTransformer.forward_train`` (block-causal mask over a clip).
+Each step draws fresh scenes (seeded by the step, so a resumed run sees the same data), encodes them with the patch
+latent model and trains on one noisy block after 0–2 *clean* blocks of context, the way the sampler runs: its
+cache holds the earlier blocks re-run at t = 0. The noisy block gets one σ ~ U(0, 1) per clip and the loss is the
+MSE of the predicted flow ``ε − x0`` on that block. An EMA of the weights is what gets exported.
+
+State (``state_<role>.pt``: weights, EMA, optimiser, step, losses) is written every ``save_every`` steps and at the
+end, so ``train`` resumes where a run stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import torch_load
+from ..dit import CausalWanTransformer
+from ..patch_vae import PatchVAE
+from ..wan_keys import diffusers_to_original_key, make_config
+from .world import CLIP_FRAMES, render_batch
+
+logger = logging.getLogger(__name__)
+
+CONTEXT_BLOCKS = (0.5, 0.3, 0.2)  # probability of 0, 1, 2 clean blocks before the noisy one
+
+
+@dataclass
+class DiTSpec:
+    """The shape of a toy DiT (dim = heads × head_dim)."""
+
+    heads: int
+    head_dim: int
+    ffn: int
+    layers: int
+    text_dim: int = 64
+
+    def config(self) -> dict:
+        return make_config(self.heads, self.head_dim, 16, 16, self.text_dim, 64, self.ffn, self.layers, (1, 2, 2))
+
+
+@dataclass
+class DiTTrainSettings:
+    steps: int = 4000
+    batch: int = 16
+    lr: float = 4e-4
+    warmup: int = 100
+    ema: float = 0.998
+    seed: int = 0
+    save_every: int = 250
+    weight_decay: float = 0.01
+
+
+def build_dit(spec: DiTSpec, seed: int) -> CausalWanTransformer:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = CausalWanTransformer(**spec.config())
+    return model.float().train()
+
+
+def encode_clips(vae: PatchVAE, clips: torch.Tensor) -> torch.Tensor:
+    """``[B, 33, H, W, 3]`` → normalized latents ``[B, 16, 9, h, w]``."""
+    return torch.cat([vae.encode_video(c) for c in clips])
+
+
+class CaptionBank:
+    """Text-encoder outputs of every caption, computed once (the encoder is frozen)."""
+
+    def __init__(self, encode: Callable[[str], torch.Tensor], captions: list[str]) -> None:
+        self.index = {c: i for i, c in enumerate(captions)}
+        with torch.no_grad():
+            self.embeds = torch.cat([encode(c).float().cpu() for c in captions])
+
+    def __call__(self, captions: list[str]) -> torch.Tensor:
+        return self.embeds[[self.index[c] for c in captions]]
+
+
+def flow_loss(model: CausalWanTransformer, x0: torch.Tensor, embeds: torch.Tensor, context: int,
+              gen: torch.Generator) -> torch.Tensor:
+    """The flow-matching loss on block ``context`` of ``x0 [B,16,F,h,w]`` after ``context`` clean blocks."""
+    b = x0.shape[0]
+    lo, hi = 3 * context, 3 * context + 3
+    x0 = x0[:, :, :hi]
+    sigma = torch.rand(b, generator=gen)
+    eps = torch.randn(x0[:, :, lo:hi].shape, generator=gen)
+    s = sigma.view(b, 1, 1, 1, 1)
+    noisy = (1 - s) * x0[:, :, lo:hi] + s * eps
+    x = torch.cat([x0[:, :, :lo], noisy], dim=2)
+    t = torch.zeros(b, hi)
+    t[:, lo:] = (sigma * 1000).view(b, 1)
+    v = model.forward_train(x, t, model.cross_attention(embeds))
+    return torch.nn.functional.mse_loss(v[:, :, lo:hi].float(), eps - x0[:, :, lo:hi])
+
+
+def _lr(step: int, s: DiTTrainSettings) -> float:
+    warm = min(1.0, (step + 1) / max(1, s.warmup))
+    progress = min(1.0, step / max(1, s.steps))
+    return s.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _context_blocks(gen: torch.Generator) -> int:
+    u = float(torch.rand((), generator=gen))
+    acc = 0.0
+    for i, p in enumerate(CONTEXT_BLOCKS):
+        acc += p
+        if u < acc:
+            return i
+    return len(CONTEXT_BLOCKS) - 1
+
+
+def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVAE, bank: CaptionBank,
+              work: Path, *, progress: Callable[[dict], None] | None = None) -> CausalWanTransformer:
+    """Train (or resume) one toy DiT; returns its EMA model. State lives in ``work/state_<role>.pt``."""
+    state_path = work / f"state_{role}.pt"
+    model = build_dit(spec, settings.seed)
+    ema = copy.deepcopy(model).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
+                            betas=(0.9, 0.99))
+    step, losses = 0, []
+    if state_path.is_file():
+        st = torch_load(state_path)
+        model.load_state_dict(st["model"])
+        ema.load_state_dict(st["ema"])
+        opt.load_state_dict(st["opt"])
+        step, losses = int(st["step"]), list(st["losses"])
+        logger.info("resuming the toy %s at step %d", role, step)
+    t0, first = time.perf_counter(), step
+    while step < settings.steps:
+        gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+        clips, scenes = render_batch(gen, settings.batch, CLIP_FRAMES)
+        x0 = encode_clips(vae, clips)
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, settings)
+        loss = flow_loss(model, x0, bank([s.caption for s in scenes]), _context_blocks(gen), gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
+                pe.lerp_(pm, 1 - settings.ema)
+        step += 1
+        losses.append(loss.item())
+        if progress is not None:
+            progress({"role": role, "step": step, "steps": settings.steps, "loss": losses[-1],
+                      "s_per_step": (time.perf_counter() - t0) / max(1, step - first)})
+        if step % settings.save_every == 0 or step == settings.steps:
+            _save_state(state_path, model, ema, opt, step, losses, spec, settings)
+    return ema
+
+
+def _save_state(path: Path, model, ema, opt, step: int, losses: list[float], spec: DiTSpec,
+                settings: DiTTrainSettings) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "step": step,
+                "losses": losses, "spec": asdict(spec), "settings": asdict(settings)}, tmp)
+    tmp.replace(path)
+
+
+def original_state_dict(model: CausalWanTransformer) -> dict[str, torch.Tensor]:
+    """The model's weights under the original Wan 2.1 key names (fp32, detached)."""
+    return {diffusers_to_original_key(k): v.detach().float().contiguous() for k, v in model.state_dict().items()}

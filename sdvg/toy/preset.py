@@ -1,0 +1,74 @@
+"""The toy world's trained models, committed with the project: the embedded default of the CLI, the demo and the CPU
+workflow.
+
+``sdvg/toy/models/`` is a ComfyUI-style models tree (``diffusion_models/``, ``text_encoders/``, ``vae/``,
+``image_reward/``) written by ``python -m sdvg toy train`` with the stamp ``sdvg_toy.json`` (command, seeds, steps,
+losses). The models were trained for this world only: toy captions ("a red circle moving left on a black
+background", :func:`sdvg.toy.world.all_captions`) at 64×64 pixels. They are flow-matching models, not distilled
+few-step ones, so they sample with :data:`TOY_SCHEDULE` (10 steps down to t = 100) instead of Self-Forcing's 4.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import ModelFileError
+
+TOY_DIR = Path(__file__).resolve().parent / "models"
+STAMP = "sdvg_toy.json"
+#: The toy DiTs' sampling schedule (timesteps on the 0..1000 scale, snapped to the shift-5 table): an MSE-trained
+#: flow model's x0 prediction is only sharp at low noise, so the last step is at t = 100.
+TOY_SCHEDULE = [[1000.0, 960.0, 900.0, 820.0, 720.0, 600.0, 460.0, 320.0, 200.0, 100.0]]
+#: the toy DiTs are flow-matching models, not distilled: they take Euler steps of the flow ODE (re-noise with the
+#: predicted noise). With Self-Forcing's fresh noise the x0 predictions stay the blurry posterior mean: flat fields.
+TOY_STEP_NOISE = "predicted"
+TOY_SIZE = (64, 64)
+TOY_BLOCKS = 3  # the training length: 9 latent frames, 33 pixel frames
+
+
+def is_toy_tree(models_dir: str | Path | None) -> bool:
+    """Whether ``models_dir`` holds the toy world's models (its stamp)."""
+    return models_dir is not None and (Path(models_dir) / STAMP).is_file()
+
+
+def toy_files(models_dir: str | Path = TOY_DIR) -> dict[str, Path]:
+    """Role → file of a toy models tree; a ModelFileError names what is missing and how to make it."""
+    root = Path(models_dir)
+    try:
+        info = json.loads((root / STAMP).read_text(encoding="utf-8"))
+        files = {k: root / v for k, v in info["files"].items()}
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelFileError(f"{root} holds no toy-world models ({STAMP} is missing or broken: {exc}). "
+                             "Run `python -m sdvg toy train` to train them.") from exc
+    missing = [str(p) for p in files.values() if not p.exists()]
+    if missing:
+        raise ModelFileError(f"The toy-world models tree {root} lacks {', '.join(missing)}. "
+                             "Run `python -m sdvg toy train` to (re)make them.")
+    return files
+
+
+def toy_tree() -> Path:
+    """The committed toy models tree, checked complete."""
+    toy_files(TOY_DIR)
+    return TOY_DIR
+
+
+#: τ sweep of ``eval --world toy``, on the toy critic's scale (its labels run from −2, a wrong or broken frame, to
+#: +2, a clean frame that matches its caption). Chosen from the block scores (worst frame) of 24 draft-only and
+#: target-only videos: drafter blocks' 10/25/50/75/90 % quantiles −1.23, −1.21, −0.36, 0.28, 0.66; the target's
+#: median 0.78.
+TOY_TAUS = (-1.0, -0.3, 0.3, 0.6)
+TOY_TAU = 0.3  # the default τ of `generate` on the toy models
+TOY_EVAL_PROMPTS = 24
+
+
+def toy_prompts(n: int = TOY_EVAL_PROMPTS, seed: int = 2026) -> list[str]:
+    """``n`` distinct toy captions drawn with a seed (the toy evaluation's prompt set)."""
+    import torch
+
+    from .world import all_captions
+
+    captions = all_captions()
+    order = torch.randperm(len(captions), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [captions[i] for i in order[:n]]

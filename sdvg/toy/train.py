@@ -1,0 +1,183 @@
+"""``python -m sdvg toy train``: fit and train the toy world's models, resumable, seeded, in the real file formats.
+
+Stages, in order (each one is skipped when its output exists, so a stopped run resumes where it was):
+
+1. ``vae``: the patch latent model, PCA bases fitted on 512 renders (``vae/sdvg_toy_patch_vae.safetensors``);
+2. ``text``: the tiny UMT5 with a tokenizer that knows the world's words, a fixed random encoder
+   (``text_encoders/sdvg_toy_umt5.safetensors``);
+3. ``target`` / ``drafter``: flow-matching training of the two causal DiTs (``dit_train.py``), exported as a Krea-style
+   ``model.``-prefixed bf16 safetensors and a Self-Forcing ``.pt`` with ``generator`` and ``generator_ema``;
+4. ``critic``: the ImageReward-format critic (``critic_train.py``);
+5. the stamp ``sdvg_toy.json`` with the command, seeds, steps and losses.
+
+The work folder (``--work``) keeps the resumable training states; the models tree (``--out``) gets the files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from .dit_train import CaptionBank, DiTSpec, DiTTrainSettings, original_state_dict, train_dit
+from .world import CLIP_FRAMES, all_captions, render_batch
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("vae", "text", "target", "drafter", "critic")
+FILES = {
+    "vae": "vae/sdvg_toy_patch_vae.safetensors",
+    "text_encoder": "text_encoders/sdvg_toy_umt5.safetensors",
+    "target": "diffusion_models/sdvg_toy_target.safetensors",
+    "drafter": "diffusion_models/sdvg_toy_drafter.pt",
+    "reward": "image_reward/sdvg_toy_critic.pt",
+}
+STAMP = "sdvg_toy.json"
+
+
+@dataclass
+class ToyTrainConfig:
+    """Every hyper-parameter of the toy world's training."""
+
+    seed: int = 0
+    vae_clips: int = 512
+    target: DiTSpec = field(default_factory=lambda: DiTSpec(heads=3, head_dim=64, ffn=768, layers=4))
+    drafter: DiTSpec = field(default_factory=lambda: DiTSpec(heads=4, head_dim=32, ffn=512, layers=2))
+    target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=7000, seed=1))
+    drafter_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=4000, seed=2))
+    critic_steps: int = 1500
+
+    def scaled(self, max_steps: int | None) -> ToyTrainConfig:
+        """The same config with every training stage cut to ``max_steps`` (smoke tests)."""
+        if max_steps is None:
+            return self
+        cfg = ToyTrainConfig(**{**asdict(self), "target": self.target, "drafter": self.drafter})
+        cfg.target_train = DiTTrainSettings(**{**asdict(self.target_train), "steps": max_steps,
+                                               "save_every": max_steps, "warmup": min(self.target_train.warmup, max_steps)})
+        cfg.drafter_train = DiTTrainSettings(**{**asdict(self.drafter_train), "steps": max_steps,
+                                                "save_every": max_steps, "warmup": min(self.drafter_train.warmup, max_steps)})
+        cfg.critic_steps = max_steps
+        cfg.vae_clips = min(self.vae_clips, 64)
+        return cfg
+
+
+def _fit_vae(cfg: ToyTrainConfig, path: Path) -> None:
+    from ..patch_vae import fit_patch_bases, write_patch_vae
+
+    clips, _ = render_batch(torch.Generator().manual_seed(cfg.seed), cfg.vae_clips, CLIP_FRAMES)
+    write_patch_vae(fit_patch_bases(clips), path, note={"clips": cfg.vae_clips, "seed": cfg.seed})
+
+
+def _write_text(path: Path) -> None:
+    from ..fixtures.tiny import write_tiny_text_encoder
+
+    made = write_tiny_text_encoder(path.parent.parent, filename=path.name, extra_sentences=tuple(all_captions()))
+    assert made["text_encoder"] == path
+
+
+def _text_bank(out: Path) -> CaptionBank:
+    from ..text_encoder import TextEncoder
+
+    te = TextEncoder.load(out / FILES["text_encoder"], device="cpu", dtype="fp32")
+    return CaptionBank(te.encode, all_captions())
+
+
+def _export_dit(role: str, model, spec: DiTSpec, path: Path, work: Path) -> None:
+    from ..checkpoint import torch_load
+    from ..fixtures.tiny import write_krea_safetensors, write_self_forcing_pt
+
+    ema = original_state_dict(model)
+    if role == "target":
+        write_krea_safetensors(path, ema, spec.heads)
+    else:
+        from ..dit import CausalWanTransformer
+
+        raw = CausalWanTransformer(**spec.config())
+        raw.load_state_dict(torch_load(work / f"state_{role}.pt")["model"])
+        write_self_forcing_pt(path, original_state_dict(raw), ema, spec.heads)
+
+
+def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTrainConfig | None = None,
+              stages: tuple[str, ...] = STAGES, progress: Callable[[dict], None] | None = None) -> dict[str, Path]:
+    """Run the stages into the models tree ``out`` (states in ``work``; default: ``<out>_work`` beside it, or for the
+    committed tree the cache folder's ``toy-train``, so nothing is written into the package but the models)."""
+    cfg = config or ToyTrainConfig()
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise ConfigError(f"Unknown toy training stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}.")
+    out = Path(out)
+    work = Path(work) if work is not None else default_work_dir(out)
+    work.mkdir(parents=True, exist_ok=True)
+    paths = {k: out / v for k, v in FILES.items()}
+    log: dict = {}  # the stages this run trains; the stamp keeps the others (another process may write them)
+    for stage in STAGES:
+        if stage not in stages:
+            continue
+        key = {"text": "text_encoder", "critic": "reward"}.get(stage, stage)
+        if paths[key].exists():
+            continue
+        t0 = time.perf_counter()
+        if stage == "vae":
+            _fit_vae(cfg, paths[key])
+        elif stage == "text":
+            _write_text(paths[key])
+        elif stage in ("target", "drafter"):
+            from ..vae_open import open_vae
+
+            spec = cfg.target if stage == "target" else cfg.drafter
+            settings = cfg.target_train if stage == "target" else cfg.drafter_train
+            model = train_dit(stage, spec, settings, open_vae(paths["vae"], device="cpu", dtype="fp32"),
+                              _text_bank(out), work, progress=progress)
+            _export_dit(stage, model, spec, paths[key], work)
+        else:
+            from .critic_train import train_critic
+
+            train_critic(paths, cfg, work, progress=progress)
+        log[stage] = {"seconds": round(time.perf_counter() - t0, 1), **_stage_info(stage, cfg, work)}
+        _write_stamp(out, cfg, log)
+    return paths
+
+
+def default_work_dir(out: Path) -> Path:
+    from ..fixtures.tiny import default_tiny_dir
+    from .preset import TOY_DIR
+
+    if out.resolve() == TOY_DIR:
+        return default_tiny_dir().parent / "toy-train"
+    return out.parent / (out.name + "_work")
+
+
+def _stage_info(stage: str, cfg: ToyTrainConfig, work: Path) -> dict:
+    if stage in ("target", "drafter"):
+        from ..checkpoint import torch_load
+
+        st = torch_load(work / f"state_{stage}.pt")
+        losses = st["losses"]
+        tail = losses[-200:]
+        return {"steps": st["step"], "final_loss_mean_200": sum(tail) / max(1, len(tail)),
+                "spec": asdict(cfg.target if stage == "target" else cfg.drafter),
+                "settings": asdict(cfg.target_train if stage == "target" else cfg.drafter_train)}
+    if stage == "critic":
+        return {"steps": cfg.critic_steps}
+    return {"seed": cfg.seed}
+
+
+def _read_stamp(out: Path) -> dict:
+    try:
+        return json.loads((out / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_stamp(out: Path, cfg: ToyTrainConfig, log: dict) -> None:
+    """Merge ``log`` into the stamp (stages trained by another process meanwhile are kept)."""
+    stages = {**_read_stamp(out).get("stages", {}), **log}
+    info = {"version": 1, "command": "python -m sdvg toy train", "files": dict(FILES), "config": asdict(cfg),
+            "stages": stages}
+    (out / STAMP).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

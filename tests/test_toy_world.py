@@ -1,0 +1,207 @@
+"""The toy world: renderer, captions, the patch latent model, the judge, the training forward, a one-minute training
+smoke run in the real file formats, and the committed trained models loading and generating."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sdvg.errors import ConfigError
+from sdvg.patch_vae import PatchLatentModel, PatchVAE, fit_patch_bases, is_patch_vae_file, write_patch_vae
+from sdvg.toy.judge import judge, judge_metric, validate_judge
+from sdvg.toy.world import (
+    CLIP_FRAMES,
+    all_captions,
+    centres,
+    parse_caption,
+    render,
+    render_batch,
+    sample_scene,
+)
+
+
+def test_world_is_seeded_and_captions_round_trip():
+    a, sa = render_batch(torch.Generator().manual_seed(3), 2)
+    b, sb = render_batch(torch.Generator().manual_seed(3), 2)
+    assert torch.equal(a, b) and sa == sb
+    assert a.shape == (2, CLIP_FRAMES, 64, 64, 3) and 0 <= float(a.min()) and float(a.max()) <= 1
+    caps = all_captions()
+    assert len(caps) == len(set(caps)) == 72
+    for c in caps[::7]:
+        scene = sample_scene(torch.Generator().manual_seed(1), caption=c)
+        assert scene.caption == c and parse_caption(c) == scene.attributes()
+    with pytest.raises(ConfigError, match="no shape 'hexagon'"):
+        parse_caption("a red hexagon moving left on a black background")
+    with pytest.raises(ConfigError, match="not a toy-world caption"):
+        parse_caption("a fox in the snow")
+
+
+def test_objects_move_their_way_stay_inside_and_bounce_on_long_clips():
+    gen = torch.Generator().manual_seed(0)
+    for caption in ("a red circle moving left on a black background", "a blue square moving down on a white background"):
+        s = sample_scene(gen, caption=caption)
+        c = centres(s, CLIP_FRAMES)
+        d = c[-1] - c[0]
+        if "left" in caption:
+            assert d[0] < -0.2 and abs(d[1]) < 1e-9
+        else:
+            assert d[1] > 0.2 and abs(d[0]) < 1e-9
+        assert float(c.min()) >= s.radius - 1e-9 and float(c.max()) <= 1 - s.radius + 1e-9
+        long = centres(s, 400)
+        assert float(long.min()) >= s.radius - 1e-9 and float(long.max()) <= 1 - s.radius + 1e-9
+
+
+@pytest.fixture(scope="module")
+def patch_vae():
+    clips, _ = render_batch(torch.Generator().manual_seed(0), 48)
+    return PatchVAE(PatchLatentModel(fit_patch_bases(clips)))
+
+
+def test_patch_vae_round_trip_streams_like_the_wan_vae(patch_vae, tmp_path):
+    scene = sample_scene(torch.Generator().manual_seed(9))
+    clip = render(scene)
+    z = patch_vae.encode_video(clip)
+    assert z.shape == (1, 16, 9, 8, 8)
+    patch_vae.reset()
+    blocks = [patch_vae.decode_block(z[:, :, i:i + 3]) for i in (0, 3, 6)]
+    assert [b.shape[0] for b in blocks] == [9, 12, 12]  # 1 + 4·2, then 4 per latent frame
+    rec = torch.cat(blocks)
+    psnr = 10 * torch.log10(1 / ((rec - clip) ** 2).mean())
+    assert psnr > 22, psnr
+    # snapshot / restore: a re-decoded block after a restore is identical
+    patch_vae.reset()
+    patch_vae.decode_block(z[:, :, :3])
+    snap = patch_vae.snapshot()
+    first = patch_vae.decode_block(z[:, :, 3:6])
+    patch_vae.restore(snap)
+    assert torch.equal(patch_vae.decode_block(z[:, :, 3:6]), first)
+    # encode_frame is the first latent frame of a video
+    assert torch.allclose(patch_vae.encode_frame(clip[:1]), z[:, :, :1], atol=1e-5)
+    # the file is recognised by its metadata and opened as the streaming VAE
+    from sdvg.vae_open import open_vae
+
+    path = write_patch_vae(patch_vae.tensors(), tmp_path / "vae" / "toy.safetensors")
+    assert is_patch_vae_file(path)
+    again = open_vae(path, device="cpu")
+    again.reset()
+    assert torch.equal(again.decode_block(z[:, :, :3]), blocks[0])
+
+
+def test_judge_tells_renders_from_noise_and_flat_fields():
+    res = validate_judge(12)
+    assert res["real"] >= 0.9 and res["noise"] <= 0.3 and res["real_smooth"] >= 0.9, res
+    caption = "a green triangle moving up on a white background"
+    scene = sample_scene(torch.Generator().manual_seed(4), caption=caption)
+    clip = render(scene)
+    v = judge(clip, caption)
+    assert v.valid and v.all_correct and v.attributes == parse_caption(caption)
+    # the same video judged against another caption: exactly the differing attributes are wrong
+    other = judge(clip, "a red triangle moving down on a white background")
+    assert other.correct == {"background": True, "colour": False, "shape": True, "direction": False}
+    assert other.accuracy == 0.5
+    assert judge(torch.full_like(clip, 0.95), caption).accuracy == 0.0  # a flat field is not a picture
+    m = judge_metric((clip * 255).round().to(torch.uint8), caption)
+    assert m["judge"] == 1.0 and m["judge_valid"] == 1.0 and m["judge_smooth"] == 1.0
+    # a clip whose object jumps back and forth is still the right picture but not smooth
+    jumpy = torch.cat([clip[:8], clip[-8:], clip[8:25]])
+    assert judge(jumpy, caption).smooth < 0.95
+
+
+def test_training_forward_equals_the_cached_block_forward():
+    """forward_train (block-causal mask, autograd) computes what the sampler's cached block-by-block forward does."""
+    from sdvg.toy.dit_train import DiTSpec, build_dit
+
+    model = build_dit(DiTSpec(heads=2, head_dim=16, ffn=64, layers=2, text_dim=64), seed=0).eval()
+    x = torch.randn(1, 16, 6, 8, 8)
+    t = torch.tensor([[0.0, 0.0, 0.0, 700.0, 700.0, 700.0]])
+    emb = torch.randn(1, 12, 64)
+    with torch.no_grad():
+        full = model.forward_train(x, t, model.cross_attention(emb))
+    cross = model.prepare_cross_attention(emb)
+    kv = model.new_kv_cache(batch=1, latent_hw=(8, 8), capacity_frames=6)
+    first = model.forward_block(x[:, :, :3], t[:, :3], kv, cross, frame_offset=0)
+    second = model.forward_block(x[:, :, 3:], t[:, 3:], kv, cross, frame_offset=3)
+    assert torch.allclose(full[:, :, :3], first, atol=1e-5)
+    assert torch.allclose(full[:, :, 3:], second, atol=1e-5)
+
+
+def test_toy_train_smoke_writes_real_formats_that_load_and_generate(tmp_path):
+    """`python -m sdvg toy train --max-steps 20`: every stage runs, the losses fall, the files are the real formats
+    (Krea-style safetensors target, Self-Forcing .pt drafter, Comfy-Org UMT5, ImageReward .pt critic) and the
+    sampler runs them; a rerun resumes (skips every finished stage)."""
+    from sdvg.checkpoint import torch_load
+    from sdvg.cli import main
+    from sdvg.toy.train import FILES
+
+    out, work = tmp_path / "models", tmp_path / "work"
+    assert main(["toy", "train", "--out", str(out), "--work", str(work), "--max-steps", "20", "--threads", "1"]) == 0
+    for rel in FILES.values():
+        assert (out / rel).is_file(), rel
+    stamp = json.loads((out / "sdvg_toy.json").read_text())
+    assert stamp["command"] == "python -m sdvg toy train" and stamp["stages"]["target"]["steps"] == 20
+    for role in ("target", "drafter"):
+        losses = torch_load(work / f"state_{role}.pt")["losses"]
+        assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, (role, losses)
+    pt = torch_load(out / FILES["drafter"])
+    assert set(pt) == {"generator", "generator_ema", "config"} and all(k.startswith("model.") for k in pt["generator"])
+    mtimes = {p: (out / p).stat().st_mtime_ns for p in FILES.values()}
+    assert main(["toy", "train", "--out", str(out), "--work", str(work), "--max-steps", "20"]) == 0
+    assert mtimes == {p: (out / p).stat().st_mtime_ns for p in FILES.values()}
+
+    from sdvg.patch_vae import PatchVAE
+    from sdvg.reward_loading import load_image_reward
+    from sdvg.toy.sheet import load_toy_models, run_toy
+
+    models = load_toy_models(out)
+    assert isinstance(models.vae, PatchVAE)
+    assert load_image_reward(out / FILES["reward"]).config.image_size == 64
+    res = run_toy(models, "a red circle moving left on a black background", "reward", tau=0.0, num_blocks=2)
+    assert res.frames.shape == (21, 64, 64, 3) and [b.drafted for b in res.blocks] == [False, True]
+
+
+def test_committed_toy_models_load_and_generate():
+    from sdvg.toy.preset import toy_files, toy_tree
+    from sdvg.toy.sheet import load_toy_models, run_toy
+
+    files = toy_files(toy_tree())
+    assert sum(p.stat().st_size for p in files.values()) <= 25 * 10**6
+    assert all(p.stat().st_size <= 10 * 10**6 for p in files.values())
+    models = load_toy_models()
+    res = run_toy(models, "a blue square moving right on a white background", "target-only", num_blocks=1)
+    assert res.frames.shape == (9, 64, 64, 3) and torch.isfinite(res.frames).all()
+    assert float(res.frames.std()) > 0.05  # a picture, not a constant
+
+
+TOY = "a green circle moving down on a black background"
+
+
+def test_generate_defaults_to_the_toy_models_and_a_given_file_replaces_its_role(tmp_path, tiny_reward_path, capsys):
+    from sdvg.cli import main
+
+    out, rep = tmp_path / "v.mp4", tmp_path / "r.json"
+    assert main(["generate", "--prompt", TOY, "--device", "cpu", "--blocks", "2", "--tau", "1.25",
+                 "--out", str(out), "--report", str(rep)]) == 0
+    err = capsys.readouterr().err
+    assert "toy world's trained models" in err
+    report = json.loads(rep.read_text())
+    assert report["settings"]["width"] == 64 and len(report["settings"]["schedule"][0]) == 10
+    assert main(["generate", "--prompt", TOY, "--device", "cpu", "--blocks", "2", "--reward", str(tiny_reward_path),
+                 "--out", str(out), "--report", str(rep)]) == 0
+    assert "for every role but reward" in capsys.readouterr().err
+
+
+def test_eval_world_toy_writes_judge_columns_and_refine_rows(tmp_path):
+    import csv
+
+    from sdvg.cli import main
+
+    out = tmp_path / "ev"
+    assert main(["eval", "--world", "toy", "--out", str(out), "--limit", "2", "--taus", "1.25", "--blocks", "2",
+                 "--no-videos", "--device", "cpu"]) == 0
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert {"method", "tau", "acceptance", "speedup", "judge", "judge_lo", "judge_hi"} <= set(rows[0])
+    assert {r["method"] for r in rows} == {"target-only", "draft-only", "target0-draft", "sdvg", "random", "refine"}
+    assert all(0.0 <= float(r["judge_lo"]) <= float(r["judge"]) <= float(r["judge_hi"]) <= 1.0 for r in rows)
+    assert (out / "pareto.png").stat().st_size > 1000
