@@ -1,4 +1,4 @@
-# The README's two commands: `make demo` (the main job on the tiny preset) and `make test`.
+# The README's two commands: `make demo` (the main job on the embedded toy-world models) and `make test`.
 # Both create .venv and install what they need on first use.
 PYTHON ?= python3
 VENV ?= .venv
@@ -25,7 +25,9 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
 
-# The main job on the embedded tiny preset (random weights: the video is noise, the pipeline is real).
+# The main job on the embedded default: the toy world's trained models (sdvg/toy/models), a toy caption, SDVG
+# routing with the toy critic; then a contact sheet of target-only, draft-only and SDVG videos.
 demo: $(STAMP)
-	$(PY) -m sdvg generate --prompt "a red fox running through fresh snow at dawn, cinematic" \
-		--threshold relative --delta 0.05 --out out/demo.mp4 --report out/demo_report.json --timeline out/demo_timeline.png
+	$(PY) -m sdvg generate --prompt "a red circle moving right on a black background" --threads 2 \
+		--out out/demo.mp4 --report out/demo_report.json --timeline out/demo_timeline.png
+	$(PY) -m sdvg toy sheet --out out/demo_sheet.png

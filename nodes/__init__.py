@@ -38,10 +38,12 @@ def node_classes() -> list[type]:
 async def comfy_entrypoint():
     from comfy_api.latest import ComfyExtension
 
+    from ._host import register_toy_models
     from .routes import register
 
     classes = node_classes()
     register()
+    register_toy_models()
 
     class SDVGExtension(ComfyExtension):
         async def get_node_list(self) -> list[type]:

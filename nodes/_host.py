@@ -226,6 +226,21 @@ def ensure_image_reward_folder() -> None:
         fp.add_model_folder_path(IMAGE_REWARD_FOLDER, os.path.join(fp.models_dir, IMAGE_REWARD_FOLDER))
 
 
+def register_toy_models() -> None:
+    """Add the pack's committed toy-world models (``sdvg/toy/models/<folder>``) to ComfyUI's model folders, after the
+    user's own (``add_model_folder_path``, not the default path): the toy CPU workflow runs with no download."""
+    fp = folder_paths()
+    if fp is None:
+        return
+    from ..sdvg.toy.preset import TOY_DIR
+
+    ensure_image_reward_folder()
+    for folder in ("diffusion_models", "text_encoders", "vae", IMAGE_REWARD_FOLDER):
+        path = TOY_DIR / folder
+        if path.is_dir():
+            fp.add_model_folder_path(folder, str(path))
+
+
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".sft", ".bin")
 
 

@@ -221,9 +221,9 @@ class SDVGVAELoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
-        from ..sdvg.vae import StreamingVAE
+        from ..sdvg.vae_open import open_vae
 
-        return io.NodeOutput(_load_aux("vae", "vae", model_name, device, dtype, "VAE", StreamingVAE.load))
+        return io.NodeOutput(_load_aux("vae", "vae", model_name, device, dtype, "VAE", open_vae))
 
 
 class SDVGRewardLoader(io.ComfyNode):

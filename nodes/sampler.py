@@ -21,6 +21,7 @@ from ..sdvg.jsonable import to_jsonable
 from ..sdvg.regimes import POSITIONS, REGIMES, CacheConfig
 from ..sdvg.router import runs_model
 from ..sdvg.scheduler import SCHEDULES as NAMED_SCHEDULES
+from ..sdvg.scheduler import STEP_NOISES
 from . import _host, _models
 from .handles import DiTHandle
 from .stream import BlockStream
@@ -39,7 +40,7 @@ ON_CANCEL = ["stop", "keep finished blocks"]
 
 def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
                    custom_schedule: str, pipelined: bool = False, refine_from_step: int = 0, profile: str = "sdvg",
-                   positions: str = "absolute"):
+                   positions: str = "absolute", step_noise: str = "fresh"):
     """Widget values → a validated engine ``SamplerConfig`` (ConfigError names the problem and the fix)."""
     from ..sdvg.compat import profile as compat_profile
     from ..sdvg.sampler import SamplerConfig
@@ -55,7 +56,7 @@ def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: st
         num_blocks=int(blocks), width=int(width), height=int(height), seed=int(seed),
         cache=CacheConfig(cache, positions=positions if cache == "noisy" else "absolute"),
         schedule=spec, pipelined=bool(pipelined), refine_from_step=int(refine_from_step) or None,
-        compat=compat_profile(profile),
+        compat=compat_profile(profile), step_noise=step_noise,
     ).validate()
 
 
@@ -139,6 +140,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 io.Combo.Input("positions", options=list(POSITIONS), default="absolute", tooltip="RoPE positions of the noisy cache. absolute: every frame at its frame index (as trained; at most the model's 1024-position table, 341 blocks). window: at its slot in the rolling window, so any length fits (the cache stores un-roped keys and ropes them on read). The recompute cache is always window-relative, the global one always absolute."),
                 io.Combo.Input("on_cancel", options=ON_CANCEL, default="stop", tooltip="What Cancel does. stop: ComfyUI's usual interrupt, the prompt ends and nothing downstream runs. keep finished blocks: the sampler stops after the current step and outputs the blocks it finished (the report says partial), so a SaveVideo after it still saves them."),
                 io.Combo.Input("profile", options=list(PROFILES), default="sdvg", tooltip="sdvg: our defaults. reference: the SDVG authors' exact behaviour (Krea's 5-step schedule with the t = 0 tail step, Krea's streaming VAE decoder, block 0 shown as 6 frames, target-rate statistics pooled across videos (one node run is one video, so here that changes nothing), ImageReward on uint8 PIL frames) to reproduce their numbers; see docs/REFERENCE.md. Which weights of a .pt load is the loader's business."),
+                io.Combo.Input("step_noise", options=list(STEP_NOISES), default="fresh", tooltip="Between denoising steps the block is re-noised. fresh: with the block's own fresh noise (Self-Forcing, Krea: distilled few-step models; the paper). predicted: with the noise the model predicts, i.e. Euler steps of the flow ODE, for flow-matching models that were not distilled, such as the toy world's (with fresh noise their predictions stay a blurry average)."),
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="All frames [N, H, W, 3], for CreateVideo / SaveVideo."),
@@ -153,13 +155,13 @@ class SDVGSpeculativeSampler(io.ComfyNode):
     @classmethod
     def validate_inputs(cls, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
                         custom_schedule: str, refine_from_step: int, profile: str = "sdvg",
-                        positions: str = "absolute") -> bool | str:
+                        positions: str = "absolute", step_noise: str = "fresh") -> bool | str:
         """Queue-time check of the settings (ComfyUI calls it before running anything, so a bad size never
         costs a 14B load). ComfyUI skips its own range checks for the inputs named here: ours cover them."""
         try:
             sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                            custom_schedule=custom_schedule, refine_from_step=refine_from_step, profile=profile,
-                           positions=positions)
+                           positions=positions, step_noise=step_noise)
         except ConfigError as exc:
             return str(exc)
         return True
@@ -167,7 +169,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
     @classmethod
     def execute(cls, vae, conditioning, router, seed: int, blocks: int, width: int, height: int, cache: str,
                 schedule: str, custom_schedule: str, pipelined: bool, refine_from_step: int, on_cancel: str = "stop",
-                profile: str = "sdvg", positions: str = "absolute", drafter: DiTHandle | None = None,
+                profile: str = "sdvg", positions: str = "absolute", step_noise: str = "fresh",
+                drafter: DiTHandle | None = None,
                 target: DiTHandle | None = None, reward=None, start=None) -> io.NodeOutput:
         from ..sdvg.conditioning_frames import InitBlocks
         from ..sdvg.pipeline import SDVGModels
@@ -175,7 +178,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
 
         config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                                 custom_schedule=custom_schedule, pipelined=pipelined, refine_from_step=refine_from_step,
-                                profile=profile, positions=positions)
+                                profile=profile, positions=positions, step_noise=step_noise)
         warn_large_image(config)
         # a DiT is read from its file here, the first time a run needs it (and only if this mode calls it)
         models = SDVGModels(target=_model_for(target, runs_model(router.mode, "target")),

@@ -157,10 +157,10 @@ def cmd_generate(args) -> int:
 
     set_cpu_threads(args.threads)
     # every setting and every output path is checked before a model loads: a typo never costs a 28 GB load
-    router = cli_args.router_config_from_args(args)
-    source = cli_args.model_source(args, log=log)
+    source = cli_args.model_source(args, log=log)  # paths only: nothing loads before every setting is checked
+    router = cli_args.router_config_from_args(args, source.preset)
     # frames go to --out as they come; only --save-frames/--save-latents need the whole video in RAM
-    config = cli_args.sampler_config_from_args(args, source.tiny, keep_output=bool(args.save_frames or args.save_latents))
+    config = cli_args.sampler_config_from_args(args, source.preset, keep_output=bool(args.save_frames or args.save_latents))
     replace(router, num_blocks=config.num_blocks).validate()  # what depends on the length (a pattern's)
     prompt = args.prompt
     if args.prompt_schedule is not None:
@@ -282,12 +282,18 @@ def add_eval_parser(subparsers) -> None:
         "eval", help="quality vs speed over a prompt file: target-only, draft-only, SDVG τ sweep, matched random",
         description=evaluate_doc(),
     )
-    p.add_argument("--prompts", required=True, help="text file, one prompt per line (see bench/prompts_sample.txt)")
+    p.add_argument("--prompts", default=None, help="text file, one prompt per line (see bench/prompts_sample.txt); "
+                   "required unless --world toy")
+    p.add_argument("--world", choices=["toy"], default=None, help="toy: the toy world's models, 24 toy captions, "
+                   "its judge as the quality metric (judge, judge_lo, judge_hi in summary.csv), all six methods and "
+                   "τ in the critic's range, unless given")
     p.add_argument("--out", required=True, help="output folder (results.csv, summary.csv, pareto.png, videos/); "
                    "rerun with the same folder to resume")
-    p.add_argument("--taus", default=",".join(f"{t:g}" for t in DEFAULT_TAUS), help="τ sweep (default -2.5,-1.5,-0.7,-0.2)")
-    p.add_argument("--methods", default="target-only,draft-only,target0-draft,sdvg,random",
-                   help="subset of the five methods (target0-draft: block 0 by the target, the rest drafted)")
+    p.add_argument("--taus", default=None, help="τ sweep (default " + ",".join(f"{t:g}" for t in DEFAULT_TAUS)
+                   + "; --world toy: the toy critic's)")
+    p.add_argument("--methods", default=None, help="comma list of target-only, draft-only, target0-draft (block 0 by "
+                   "the target, the rest drafted), sdvg, random, refine (rejected drafts refined from half their "
+                   "steps) (default: the first five; --world toy: all six)")
     p.add_argument("--metric", action="append", default=[], help="external video metric module:callable "
                    "(repeatable); e.g. sdvg.evaluate:temporal_flicker")
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
@@ -300,7 +306,9 @@ def add_eval_parser(subparsers) -> None:
     g.add_argument("--height", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
     cli_args.add_cache_args(g)
-    g.add_argument("--schedule", default="constant")
+    g.add_argument("--schedule", default=None, help="default constant; the toy world's models: their own")
+    g.add_argument("--step-noise", choices=["fresh", "predicted"], default=None, help="default fresh; the toy "
+                   "world's models: predicted (flow ODE)")
     cli_args.add_compat_args(p)
     r = p.add_argument_group("Ray (optional extra: pip install '.[ray]')")
     r.add_argument("--ray", default=None, metavar="auto|ADDRESS", help="run prompts as tasks on a Ray cluster, one "
@@ -314,6 +322,21 @@ def evaluate_doc() -> str:
     from . import evaluate
 
     return evaluate.__doc__.split("\n\n")[0]
+
+
+def _eval_world(args) -> dict:
+    """The defaults an evaluation takes from ``--world``: prompts, methods, τ and metrics."""
+    from .evaluate import DEFAULT_METHODS, DEFAULT_TAUS, METHODS
+
+    if args.world == "toy":  # the toy models are the default model source anyway
+        from .toy.preset import TOY_TAUS, toy_prompts
+
+        return {"methods": ",".join(METHODS), "taus": ",".join(f"{t:g}" for t in TOY_TAUS),
+                "prompts": toy_prompts(), "metrics": ["sdvg.toy.judge:judge_metric"]}
+    if args.prompts is None:
+        raise ConfigError("eval needs --prompts FILE (one prompt per line), or --world toy for the toy world.")
+    return {"methods": ",".join(DEFAULT_METHODS), "taus": ",".join(f"{t:g}" for t in DEFAULT_TAUS), "prompts": [],
+            "metrics": []}
 
 
 def cmd_eval(args) -> int:
@@ -332,21 +355,23 @@ def cmd_eval(args) -> int:
     def log(msg: str) -> None:
         sys.stderr.write(msg + "\n")  # CLI output of the command
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    world = _eval_world(args)
+    methods = tuple(m.strip() for m in (args.methods or world["methods"]).split(",") if m.strip())
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ConfigError(f"Unknown or empty --methods {list(bad or methods)}; use a comma list of {', '.join(METHODS)}.")
     check_eval_args(args.limit, args.max_rows)  # 0 or a negative number never means "all"
-    taus = parse_taus(args.taus)
-    prompts = read_prompts(args.prompts)[: args.limit] if args.limit else read_prompts(args.prompts)
+    taus = parse_taus(args.taus or world["taus"])
+    prompts = read_prompts(args.prompts) if args.prompts is not None else world["prompts"]
+    prompts = prompts[: args.limit] if args.limit else prompts
     check_out_dir(args.out)
     if args.ray:
         from .eval_ray import import_ray
 
         import_ray()  # a missing extra is named before anything loads
-    metrics = [load_metric(spec) for spec in args.metric]
+    metrics = [load_metric(spec) for spec in [*world["metrics"], *args.metric]]
     source = cli_args.model_source(args, log=log)
-    config = cli_args.sampler_config_from_args(args, source.tiny, default_blocks=3 if source.tiny else 7)
+    config = cli_args.sampler_config_from_args(args, source.preset, default_blocks=3 if source.preset else 7)
     if args.ray:
         return _eval_on_ray(args, source, config, prompts, taus, methods, log)
     models = cli_args.load_from_source(source, args, need=cli_args.ROLES)
@@ -436,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny", help="write tiny random-weight models in the real formats")
     tiny.add_argument("dir")
     tiny.set_defaults(func=cmd_make_tiny)
+    from .toy import cli as toy_cli
+
+    toy_cli.add_parser(sub)
     from .bench import cli as bench_cli  # an import error here is a bug to see, not a subcommand to drop
 
     bench_cli.add_parser(sub)

@@ -1,8 +1,8 @@
 """Command-line arguments shared by ``generate``, ``eval`` and ``bench``: the model files and devices, the sampling
 and routing settings, and turning them into engine configs.
 
-Everything is checked before a model loads: :func:`model_source` only looks at paths (it writes the tiny preset
-when no model is named), :func:`router_config_from_args` and :func:`sampler_config_from_args` return validated
+Everything is checked before a model loads: :func:`model_source` only looks at paths (with no model named it picks
+the toy world's trained models, committed in ``sdvg/toy/models``), :func:`router_config_from_args` and :func:`sampler_config_from_args` return validated
 configs, and :func:`load_from_source` loads the models last.
 """
 
@@ -35,7 +35,8 @@ def _finite_or_inf(text: str) -> float:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models (default: the tiny preset, generated once into a cache folder)")
+    g = p.add_argument_group("models (default: the toy world's trained models in sdvg/toy/models; a file given here "
+                             "replaces its role)")
     g.add_argument("--models", help="a ComfyUI-style models folder (diffusion_models/, vae/, text_encoders/, image_reward/)")
     g.add_argument("--drafter", help="drafter DiT file (Self-Forcing 1.3B)")
     g.add_argument("--target", help="target DiT file (Krea Realtime 14B)")
@@ -77,7 +78,11 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     g.add_argument("--height", type=int, help="multiple of 16 (default 480, tiny preset 64)")
     g.add_argument("--seed", type=int, default=0)
     add_cache_args(g)
-    g.add_argument("--schedule", default="constant", help="constant | diagonal | '1000,750,500,250' | JSON list of lists")
+    g.add_argument("--schedule", default=None, help="constant | diagonal | '1000,750,500,250' | JSON list of lists "
+                   "(default constant; the toy world's models: their own 10-step list)")
+    g.add_argument("--step-noise", choices=["fresh", "predicted"], default=None, help="between steps re-noise with "
+                   "fresh noise (Self-Forcing, Krea; the default) or the predicted noise (flow ODE Euler steps, for "
+                   "undistilled flow-matching models; the toy world's default)")
     g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
     g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
     g.add_argument("--stitch", action="store_true", help="with --refine-from-step K: step stitch, the target continues "
@@ -86,7 +91,8 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     r.add_argument("--mode", choices=list(CLI_MODES), default="speculative")
     r.add_argument("--random-rate", type=float, default=0.5, help="accept rate of --mode random")
     r.add_argument("--pattern", default=None, help="--mode pattern: A/R per drafted block, e.g. AARAAR")
-    r.add_argument("--tau", type=_finite_or_inf, default=-0.7, help="acceptance threshold τ (inf = reject all, -inf = accept all)")
+    r.add_argument("--tau", type=_finite_or_inf, default=None, help="acceptance threshold τ (inf = reject all, -inf = "
+                   "accept all; default -0.7, the paper's; the toy world's models: their critic's TOY_TAU)")
     r.add_argument("--aggregation", choices=AGGREGATIONS, default="min")
     r.add_argument("--quantile", type=float, default=0.1, help="q for --aggregation quantile")
     r.add_argument("--threshold", choices=THRESHOLDS, default="fixed")
@@ -99,12 +105,17 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     add_compat_args(p, profile_flag=profile_flag)
 
 
-def router_config_from_args(args) -> RouterConfig:
+def router_config_from_args(args, preset: str | None = None) -> RouterConfig:
+    """The validated router settings; τ defaults to the paper's −0.7, or to the toy critic's when the models are the
+    toy world's (``preset == "toy"``)."""
+    from .toy.preset import TOY_TAU
+
     mode = CLI_MODES[args.mode]
     if (args.pattern is not None) != (mode == "pattern"):
         raise ConfigError("--pattern goes with --mode pattern (and --mode pattern needs --pattern, e.g. AARA).")
+    tau = args.tau if args.tau is not None else (TOY_TAU if preset == "toy" else -0.7)
     return RouterConfig(
-        mode=mode, tau=args.tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
+        mode=mode, tau=tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
         target_rate=args.target_rate, delta=args.delta, force_reject_first=not args.no_force_reject_first,
         random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit, cascade=getattr(args, "cascade", 0),
         pattern=parse_pattern(args.pattern) if args.pattern is not None else None,
@@ -117,22 +128,39 @@ def cache_config_from_args(args) -> CacheConfig:
                        positions=getattr(args, "positions", "absolute"))
 
 
-def sampler_config_from_args(args, tiny: bool, *, default_blocks: int = 7, keep_output: bool = True):
-    """The validated ``SamplerConfig`` (sizes default to the tiny preset's when it is the model source);
-    ``keep_output=False`` when the frames are streamed to disk as they come (``generate --out``)."""
+def preset_defaults(preset: str | None) -> dict:
+    """Size, block count and step schedule a models preset runs at unless the command line says otherwise."""
     from .fixtures.tiny import TINY_HEIGHT, TINY_WIDTH
+    from .toy.preset import TOY_BLOCKS, TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE
+
+    if preset == "toy":
+        return {"size": TOY_SIZE, "blocks": TOY_BLOCKS, "schedule": json.dumps(TOY_SCHEDULE),
+                "step_noise": TOY_STEP_NOISE}
+    if preset == "tiny":
+        return {"size": (TINY_WIDTH, TINY_HEIGHT), "blocks": None, "schedule": "constant", "step_noise": "fresh"}
+    return {"size": DEFAULT_SIZE, "blocks": None, "schedule": "constant", "step_noise": "fresh"}
+
+
+def sampler_config_from_args(args, preset: str | None, *, default_blocks: int = 7, keep_output: bool = True):
+    """The validated ``SamplerConfig`` (size, blocks and schedule default to the preset's when a preset is the model
+    source: ``"toy"``, ``"tiny"`` or None); ``keep_output=False`` when the frames are streamed to disk as they come
+    (``generate --out``)."""
     from .sampler import SamplerConfig
 
+    defaults = preset_defaults(preset)
+    default_blocks = defaults["blocks"] or default_blocks
     frames = getattr(args, "frames", None)
     blocks = args.blocks if args.blocks is not None else (blocks_for_frames(frames) if frames else default_blocks)
-    width, height = (TINY_WIDTH, TINY_HEIGHT) if tiny else DEFAULT_SIZE
+    width, height = defaults["size"]
+    schedule = args.schedule if args.schedule is not None else defaults["schedule"]
     return SamplerConfig(
         num_blocks=blocks,
         width=width if args.width is None else args.width,
         height=height if args.height is None else args.height,
         seed=args.seed,
         cache=cache_config_from_args(args),
-        schedule=_parse_schedule(args.schedule),
+        schedule=_parse_schedule(schedule),
+        step_noise=getattr(args, "step_noise", None) or defaults["step_noise"],
         pipelined=getattr(args, "pipelined", False),
         refine_from_step=getattr(args, "refine_from_step", None),
         stitch=getattr(args, "stitch", False),
@@ -154,29 +182,34 @@ def _parse_schedule(text: str):
 
 @dataclass
 class ModelSource:
-    """Where the models come from: a models tree and/or explicit files; ``tiny`` when it is the tiny preset."""
+    """Where the models come from: a models tree and/or explicit files; ``preset`` names the tree when it is one of
+    ours ("toy": the toy world's trained models, "tiny": the random-weight format preset)."""
 
     models_dir: Path | None
     files: dict[str, str | None]
-    tiny: bool
+    preset: str | None
     loras: dict[str, list] = field(default_factory=dict)  # DiT role → LoraSpec list (--target-lora, --drafter-lora)
     offload: dict[str, int | str | None] = field(default_factory=dict)  # DiT role → resident blocks / "auto"
 
 
 def model_source(args, *, log=None) -> ModelSource:
-    """Decide where the models come from, without loading any. With no ``--models`` and no file, the tiny preset is
-    used (written into the cache folder the first time) and said so."""
-    from .fixtures.tiny import ensure_tiny, is_tiny_tree
+    """Decide where the models come from, without loading any. With no ``--models`` the toy world's trained models
+    fill every role no file is given for (and that is said)."""
+    from .fixtures.tiny import is_tiny_tree
+    from .toy.preset import is_toy_tree, toy_tree
 
     files = {k: getattr(args, k) for k in ROLES}
     models_dir = Path(args.models) if args.models is not None else None
-    if models_dir is None and not any(files.values()):
-        models_dir, created = ensure_tiny()
+    if models_dir is None and not all(files.values()):
+        models_dir = toy_tree()
         if log:
-            log(f"Using the tiny preset in {models_dir} ({'created now' if created else 'cached'}). "
-                "Its random weights make noise videos; pass --models or model files for real ones.")
-    tiny = models_dir is not None and is_tiny_tree(models_dir)
-    return ModelSource(models_dir, files, tiny, *dit_options(args))
+            given = [k for k, v in files.items() if v]
+            log(f"Using the toy world's trained models ({models_dir})"
+                + (f" for every role but {', '.join(given)}" if given else "")
+                + ". They draw toy captions such as 'a red circle moving left on a black background' at 64x64; "
+                "pass --models or model files for real ones.")
+    preset = "toy" if is_toy_tree(models_dir) else "tiny" if models_dir is not None and is_tiny_tree(models_dir) else None
+    return ModelSource(models_dir, files, preset, *dit_options(args))
 
 
 def dit_options(args) -> tuple[dict[str, list], dict[str, int | str | None]]:

@@ -10,7 +10,10 @@ For every prompt (one per line; blank lines and lines starting with ``#`` are sk
 5. ``random`` at matched acceptance for every τ, **block 0 protected** (the target's, as in ``sdvg``): exactly as many
    accepted drafts as ``sdvg`` at that τ accepted on the same prompt, at blocks drawn at random (the router's
    ``pattern`` mode; ``router_seed`` is the draw's seed), so reward routing is compared with random routing at equal
-   cost.
+   cost;
+6. ``refine`` at every τ (only when asked for): reward routing where a rejected block is *refined* — the target
+   continues the drafter's trajectory from step k (half the schedule's steps) instead of regenerating from noise
+   (``SamplerConfig.refine_from_step``).
 
 Each row: wall time, speedup (target-only wall / row wall, same prompt, same process), acceptance, the ImageReward
 of every output frame against the prompt (mean and min), retention relative to target-only (mean ImageReward ratio,
@@ -58,7 +61,8 @@ BASE_COLUMNS = (
     "prompt_id", "method", "tau", "prompt", "seed", "blocks", "wall_s", "speedup", "acceptance", "accepted",
     "drafted", "pattern", "ir_mean", "ir_min", "ir_retention", "ir_delta", "router_seed", "video",
 )
-METHODS = ("target-only", "draft-only", "target0-draft", "sdvg", "random")
+METHODS = ("target-only", "draft-only", "target0-draft", "sdvg", "random", "refine")
+DEFAULT_METHODS = METHODS[:5]
 __all__ = ["METHODS", "evaluate", "format_summary", "render_pareto", "summarize", "write_summary"]
 
 
@@ -279,12 +283,12 @@ def plan_rows(n_prompts: int, taus: Sequence[float], methods: Sequence[str]) -> 
     rows = []
     for pid in range(n_prompts):
         rows += [(pid, m, None) for m in ("target-only", "draft-only", "target0-draft") if m in methods]
-        rows += [(pid, m, t) for m in ("sdvg", "random") if m in methods for t in taus]
+        rows += [(pid, m, t) for m in ("sdvg", "random", "refine") if m in methods for t in taus]
     return rows
 
 
 def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Sequence[float] = DEFAULT_TAUS,
-             methods: Sequence[str] = METHODS, sampler_config=None,
+             methods: Sequence[str] = DEFAULT_METHODS, sampler_config=None,
              metrics: Sequence[tuple[str, Callable]] = (), max_rows: int | None = None, save_videos: bool = True,
              warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}."""
@@ -332,6 +336,15 @@ class PromptRunner:
         self.save_videos, self.log = save_videos, log
         self.pools: dict[tuple[str, str], list[float]] = {}
 
+    def config_for(self, method: str):
+        """The sampler config of a method: refine-on-reject continues a rejected draft from half its steps."""
+        if method != "refine":
+            return self.config
+        from dataclasses import replace
+
+        steps = max(len(row) for row in self.config.step_schedule())
+        return replace(self.config, refine_from_step=max(1, steps // 2)).validate()
+
     def warm_up(self, prompt: str) -> None:
         _warm_up(self.models, self.config, prompt, self.models.text_encoder.encode(prompt))
 
@@ -342,7 +355,7 @@ class PromptRunner:
             return RouterConfig(mode=method)
         if method == "target0-draft":  # block 0 is the target's (force_reject_first), every drafted block accepted
             return RouterConfig(mode="pattern", pattern=(True,) * (self.config.num_blocks - 1))
-        if method == "sdvg":
+        if method in ("sdvg", "refine"):
             return RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed")
         matched = known.get(("sdvg", tau_key(tau)))
         if matched is None:
@@ -361,7 +374,8 @@ class PromptRunner:
                 if self.log:
                     self.log(f"  skip p{pid} random τ={tau_key(tau)}: no sdvg row at that τ to match")
                 continue
-            row = run_row(self.models, prompt, pid, method, tau, config=self.config, router=router, out_dir=self.out,
+            row = run_row(self.models, prompt, pid, method, tau, config=self.config_for(method), router=router,
+                          out_dir=self.out,
                           reference=known.get(("target-only", "")), metrics=self.metrics, embeds=embeds,
                           save_video=self.save_videos, pool=self.pools.setdefault((method, tau_key(tau)), []))
             known[(method, tau_key(tau))] = {k: _cell(v) for k, v in row.items()}
@@ -377,8 +391,8 @@ def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods
     if not prompts or "target-only" not in methods or not set(methods) <= set(METHODS):
         raise ConfigError(f"Nothing to compare: {len(prompts)} prompt(s), methods {list(methods)}. Pass prompts and "
                           f"some of {', '.join(METHODS)}, target-only among them (speedups are relative to it).")
-    if not taus and {"sdvg", "random"} & set(methods):
-        raise ConfigError("The sdvg and random methods run at each τ and no τ was given: pass taus (e.g. -0.7).")
+    if not taus and {"sdvg", "random", "refine"} & set(methods):
+        raise ConfigError("The sdvg, random and refine methods run at each τ and no τ was given: pass taus (e.g. -0.7).")
     check_eval_args(max_rows=max_rows)
     if models.reward is None:
         raise ConfigError("The evaluation scores every output with ImageReward; no reward model was given.")

@@ -84,8 +84,6 @@ CASES = [
     ("model files", target_only("{t}/nope.safetensors"), "does not exist"),
     ("model files", target_only("{models}/" + TARGET, vae=TARGET), "is not a Wan 2.1 VAE"),
     ("model files", target_only("{models}/" + TARGET, te=V), "not a UMT5 text encoder"),
-    ("model files", ["generate", "--prompt", "x", "--mode", "target-only", "--target", "{models}/" + TARGET, *OUT],
-     "pass --vae FILE or --models DIR"),
     ("model files", ["generate", "--prompt", "x", "--models", "{t}/nowhere", *OUT], "No 'diffusion_models' folder"),
     ("eval", EVAL + ["--limit", "0"], "--limit must be a whole number ≥ 1"),
     ("eval", EVAL + ["--limit", "-1"], "--limit must be a whole number ≥ 1"),

@@ -225,7 +225,7 @@ def test_a_fault_mid_run_writes_the_finished_blocks_and_exits_2(tiny_dir, tmp_pa
 
 
 def test_refine_beyond_the_schedule_is_refused_up_front(tmp_path, capsys):
-    assert _generate(tmp_path, "--out", str(tmp_path / "v.mp4"), "--refine-from-step", "9") == 2
+    assert _generate(tmp_path, "--out", str(tmp_path / "v.mp4"), "--schedule", "constant", "--refine-from-step", "9") == 2
     assert "refine_from_step must be between 1 and 3" in capsys.readouterr().err
 
 

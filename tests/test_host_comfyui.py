@@ -112,7 +112,8 @@ def test_nodes_registered_with_valid_schemas(server):
     assert info["SDVGRewardRouter"]["input"]["required"]["tau"][1]["display"] == "slider"
     spec = info["SDVGRewardLoader"]["input"]["required"]["model_name"]
     reward_files = spec[0] if isinstance(spec[0], list) else spec[1]["options"]
-    assert reward_files == ["sdvg_tiny_image_reward.pt"]  # vocab.txt beside it is not offered
+    # vocab.txt beside it is not offered; the pack's toy-world critic is (its folder is added after the user's)
+    assert reward_files == ["sdvg_tiny_image_reward.pt", "sdvg_toy_critic.pt"]
 
 
 def test_core_node_table_matches_the_host(server):
@@ -168,6 +169,24 @@ def test_tiny_workflow_streams_blocks_and_saves_a_video(server, models_dir):
     saved = [o for o in log.of("executed") if o["output"] and "images" in o["output"] and o["output"].get("animated")]
     files = [Path(server.tmp) / "out" / i["subfolder"] / i["filename"] for o in saved for i in o["output"]["images"]]
     assert files and all(f.suffix == ".mp4" and f.stat().st_size > 0 for f in files), log.of("executed")
+
+
+def test_toy_workflow_runs_as_shipped_and_its_video_shows_the_caption(server):
+    """The toy CPU workflow needs no model files of the user's (the pack adds its toy models to ComfyUI's folders);
+    its saved video is read back and judged against its caption."""
+    from sdvg.toy.judge import judge
+    from sdvg.video import read_video_frames
+
+    prompt = json.loads((REPO / "tests" / "workflows" / "sdvg_toy_cpu.api.json").read_text(encoding="utf-8"))
+    log = server.run(prompt)
+    assert "execution_success" in log.types(), server.server_log()[-3000:]
+    events = log.of("sdvg.block")
+    assert len(events) == prompt[sampler_id(prompt)]["inputs"]["blocks"] and events[0]["produced_by"] == "target"
+    saved = [o for o in log.of("executed") if o["output"] and "images" in o["output"] and o["output"].get("animated")]
+    video = [Path(server.tmp) / "out" / i["subfolder"] / i["filename"] for o in saved for i in o["output"]["images"]][0]
+    caption = next(n["inputs"]["prompt"] for n in prompt.values() if n["class_type"] == "SDVGTextEncode")
+    verdict = judge(read_video_frames(video), caption)
+    assert verdict.valid, verdict  # a picture of the world (an object on its background), not noise
 
 
 def test_cancel_stops_within_a_step_and_the_server_stays_up(server, models_dir):

@@ -53,6 +53,20 @@ def test_entrypoint_lists_every_node(host):
     assert not hasattr(mod, "NODE_CLASS_MAPPINGS")
 
 
+def test_entrypoint_adds_the_toy_models_after_the_users_folders(host):
+    """The committed toy-world models appear in ComfyUI's model lists (the toy CPU workflow runs as shipped), after the
+    user's own folders, with models/image_reward still registered first."""
+    import folder_paths
+
+    asyncio.run(pack.load_pack().comfy_entrypoint())
+    for folder, name in (("diffusion_models", "sdvg_toy_target.safetensors"), ("vae", "sdvg_toy_patch_vae.safetensors"),
+                         ("text_encoders", "sdvg_toy_umt5.safetensors"), ("image_reward", "sdvg_toy_critic.pt")):
+        paths = folder_paths.get_folder_paths(folder)
+        assert paths[0] == str(host.models_dir / folder), paths
+        assert paths[-1].replace("\\", "/").endswith(f"sdvg/toy/models/{folder}")
+        assert name in folder_paths.get_filename_list(folder)
+
+
 def test_schemas_are_valid(nodes):
     problems = []
     for name, cls in nodes.items():

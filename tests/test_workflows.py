@@ -31,7 +31,7 @@ def _load(path: Path) -> dict:
 
 def test_the_workflows_exist():
     names = {p.stem for p in UI_FILES}
-    assert names == {"sdvg_speculative_t2v", "sdvg_target_only_baseline", "sdvg_diagonal_noisy_cache", "sdvg_tiny_cpu",
+    assert names == {"sdvg_speculative_t2v", "sdvg_target_only_baseline", "sdvg_diagonal_noisy_cache", "sdvg_tiny_cpu", "sdvg_toy_cpu",
                      "sdvg_long_video", "sdvg_prompt_timeline", "sdvg_video_to_video"}
 
 

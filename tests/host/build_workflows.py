@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sdvg.toy.preset import TOY_SCHEDULE, TOY_STEP_NOISE, TOY_TAU
+
 from . import pack, stub
 from .core_nodes import CORE_NODES
 from .schema_checks import widget_inputs
@@ -36,6 +38,14 @@ FILES_TINY = {
     "vae": "sdvg_tiny_vae.safetensors",
     "reward": "sdvg_tiny_image_reward.pt",
 }
+FILES_TOY = {
+    "drafter": "sdvg_toy_drafter.pt",
+    "target": "sdvg_toy_target.safetensors",
+    "text_encoder": "sdvg_toy_umt5.safetensors",
+    "vae": "sdvg_toy_patch_vae.safetensors",
+    "reward": "sdvg_toy_critic.pt",
+}
+TOY_CAPTION = "a red circle moving right on a black background"
 PROMPT = (
     "A red fox trots through fresh snow in a quiet pine forest at sunrise, soft golden light, "
     "breath visible in the cold air, tracking shot"
@@ -76,6 +86,23 @@ TIMELINE = (
     "4: The red fox leaps over a frozen stream, snow spraying, tracking shot\n"
     "8: The red fox sits on a rock at the forest edge and looks at the valley, golden light"
 )
+
+NOTE_TOY = """## Toy world on the CPU (trained models: you can see and judge what comes out)
+
+The pack ships tiny models trained on its toy world (`python -m sdvg toy train`): one flat-coloured shape moving on a
+plain background, 64×64. They are already in ComfyUI's model lists (the pack adds `sdvg/toy/models/` to them):
+
+* `diffusion_models/sdvg_toy_target.safetensors` (target), `diffusion_models/sdvg_toy_drafter.pt` (drafter)
+* `text_encoders/sdvg_toy_umt5.safetensors`, `vae/sdvg_toy_patch_vae.safetensors` (a linear patch latent model with
+  the streaming VAE's interface, not a Wan VAE)
+* `image_reward/sdvg_toy_critic.pt` (+ its vocab and config), the critic in ImageReward's format
+
+Prompts are toy captions: `a <red|green|blue> <circle|square|triangle> moving <left|right|up|down> on a <black|white>
+background`. The target is a 2.7 M-parameter causal DiT (4 layers), the drafter a 0.7 M one (2 layers), the critic a
+tiny ImageReward trained on the world; τ is on the critic's scale (−2 broken or wrong, +2 a clean frame that matches). The models are
+flow-matching models, not distilled: they sample with their own 10-step list (the custom schedule below) and
+`step_noise` = predicted (Euler steps of the flow ODE).
+"""
 
 NOTE_TINY = """## Tiny CPU preset (random weights: the video is noise, the pipeline is real)
 
@@ -200,6 +227,14 @@ def specs() -> list[Spec]:
             router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
             sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480},
             start_from={"file": "sdvg_input.mp4", "values": {"mode": "video-to-video", "strength": 0.6}},
+        ),
+        _spec(
+            "sdvg_toy_cpu", "SDVG toy world (CPU)", "Trained toy models, 64×64: shapes you can judge, in seconds",
+            FILES_TOY, NOTE_TOY, roles=all_roles, dtype="fp32", device="cpu",
+            encode={"key": "encode", "type": "SDVGTextEncode", "pos": [420, 60], "values": {"prompt": TOY_CAPTION}},
+            router={"tau": TOY_TAU, "aggregation": "min", "mode": "reward"},
+            sampler={"seed": 0, "blocks": 3, "width": 64, "height": 64, "schedule": "custom",
+                     "custom_schedule": json.dumps(TOY_SCHEDULE), "step_noise": TOY_STEP_NOISE},
         ),
         _spec(
             "sdvg_tiny_cpu", "SDVG tiny CPU check", "Random tiny models, 64×64, 6 blocks: tests an install in seconds",
