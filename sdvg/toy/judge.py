@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import torch
 
-from .world import ATTRIBUTES, BACKGROUNDS, DIRECTIONS, OBJECT_COLOURS, SHAPES, parse_caption, render, sample_scene
+from .world import ATTRIBUTES, BACKGROUNDS, OBJECT_COLOURS, SHAPES, parse_caption, render, sample_scene
 
 _BG = torch.tensor(list(BACKGROUNDS.values()))
 _FG = torch.tensor(list(OBJECT_COLOURS.values()))
@@ -196,4 +196,4 @@ def validate_judge(n: int = 24, seed: int = 7, frames: int = 33) -> dict[str, fl
             "real_smooth": sum(v.smooth for v in real) / n, "noise_smooth": sum(v.smooth for v in noise) / n}
 
 
-__all__ = ["Verdict", "judge", "judge_metric", "validate_judge", "DIRECTIONS"]
+__all__ = ["Verdict", "judge", "judge_metric", "validate_judge"]
