@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
 from .errors import ConfigError
@@ -227,7 +228,7 @@ class CausalWanTransformer(WanTransformer3DModel):
 
     def _run(
         self, x: torch.Tensor, t: torch.Tensor, cross: CrossAttnCache, frame_offset: int, attend: AttendFn,
-        rope_k: bool = True,
+        rope_k: bool = True, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         bsz, _, f, hh, ww = x.shape
         pt, ph, pw = self.config.patch_size
@@ -238,14 +239,20 @@ class CausalWanTransformer(WanTransformer3DModel):
         if len(cross) != len(self.blocks):
             raise ConfigError("The cross-attention cache was prepared by a different model.")
         gh, gw = hh // ph, ww // pw
-        self.check_rope_range(frame_offset + f)
         x = x.to(self.execution_device, self.compute_dtype)
         t = t.to(x.device)
         h = self.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
         temb, e = self._time(t)
-        rope = self._rope(f, gh, gw, frame_offset, h.device)
+        if rope is None:
+            self.check_rope_range(frame_offset + f)
+            rope = self._rope(f, gh, gw, frame_offset, h.device)
+        checkpointing = getattr(self, "gradient_checkpointing", False) and torch.is_grad_enabled()
         for i, _ in self.iter_blocks():
-            h = self._layer(i, h, e, rope, cross, attend, f, rope_k)
+            if checkpointing:  # training: keep only each layer's input, recompute its inside in backward
+                h = torch.utils.checkpoint.checkpoint(self._layer, i, h, e, rope, cross, attend, f, rope_k,
+                                                      use_reentrant=False)
+            else:
+                h = self._layer(i, h, e, rope, cross, attend, f, rope_k)
         # output head with per-frame shift/scale
         n, dim = h.shape[1], h.shape[2]
         shift, scale = (self.scale_shift_table.float().unsqueeze(1) + temb.unsqueeze(2)).unbind(2)
@@ -346,6 +353,40 @@ class CausalWanTransformer(WanTransformer3DModel):
             return self._sdpa(q, k, v, mask)
 
         return self._run(x, t, cross, 0, attend)
+
+    @staticmethod
+    def context_mask(num_frames: int, tokens_per_frame: int, frames_per_block: int, device=None) -> torch.Tensor:
+        """Boolean ``[2L, 2L]`` mask over ``[context, x]`` (each ``L`` tokens): a context block sees the context
+        blocks up to itself; a block of ``x`` sees the context blocks before it and itself, nothing else."""
+        blk = torch.arange(num_frames, device=device).div(frames_per_block, rounding_mode="floor")
+        blk = blk.repeat_interleave(tokens_per_frame)
+        ctx_ctx = blk.unsqueeze(1) >= blk.unsqueeze(0)
+        x_ctx = blk.unsqueeze(1) > blk.unsqueeze(0)
+        x_x = blk.unsqueeze(1) == blk.unsqueeze(0)
+        top = torch.cat([ctx_ctx, torch.zeros_like(ctx_ctx)], 1)
+        return torch.cat([top, torch.cat([x_ctx, x_x], 1)], 0)
+
+    def forward_with_context(self, ctx: torch.Tensor, t_ctx: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
+                             cross: CrossAttnCache, frames_per_block: int = 3) -> torch.Tensor:
+        """Flow prediction for every block of ``x [B,C,F,h,w]`` (at ``t [B,F]``) as the cached sampler computes it
+        when the cache holds ``ctx`` (at ``t_ctx``) for the earlier blocks: one forward over ``[ctx, x]`` with
+        :meth:`context_mask`, both halves at the same RoPE positions, with autograd (training).
+
+        ``ctx`` = the clean blocks at t = 0 is Self-Forcing's cache (and the teacher's / fake score's view of a
+        generated video); ``ctx = x`` at ``t`` is the noisy cache, which :meth:`forward_train` computes more cheaply."""
+        f, hh, ww = x.shape[2:]
+        _, ph, pw = self.config.patch_size
+        self.check_rope_range(f)
+        tpf = self.tokens_per_frame(hh, ww)
+        mask = self.context_mask(f, tpf, frames_per_block, device=self.execution_device)
+        cos, sin = self._rope(f, hh // ph, ww // pw, 0, self.execution_device)
+        rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))
+
+        def attend(i, q, k, v):
+            return self._sdpa(q, k, v, mask)
+
+        out = self._run(torch.cat([ctx, x], 2), torch.cat([t_ctx, t], 1), cross, 0, attend, rope=rope)
+        return out[:, :, f:]
 
     @torch.inference_mode()
     def forward_blockwise_masked(
