@@ -83,6 +83,8 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     g.add_argument("--step-noise", choices=["fresh", "predicted"], default=None, help="between steps re-noise with "
                    "fresh noise (Self-Forcing, Krea; the default) or the predicted noise (flow ODE Euler steps, for "
                    "undistilled flow-matching models; the toy world's default)")
+    add_drafter_schedule_args(g)
+
     g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
     g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
     g.add_argument("--stitch", action="store_true", help="with --refine-from-step K: step stitch, the target continues "
@@ -161,6 +163,8 @@ def sampler_config_from_args(args, preset: str | None, *, default_blocks: int = 
         cache=cache_config_from_args(args),
         schedule=_parse_schedule(schedule),
         step_noise=getattr(args, "step_noise", None) or defaults["step_noise"],
+        drafter_schedule=_parse_schedule(args.drafter_schedule) if getattr(args, "drafter_schedule", None) else None,
+        drafter_step_noise=getattr(args, "drafter_step_noise", None),
         pipelined=getattr(args, "pipelined", False),
         refine_from_step=getattr(args, "refine_from_step", None),
         stitch=getattr(args, "stitch", False),
@@ -231,3 +235,11 @@ def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
                        aux_device=args.aux_device or args.device, dtype=args.dtype, loras=source.loras,
                        offload=source.offload, text_device=getattr(args, "text_encoder_device", None),
                        pt_weights=compat_from_args(args).pt_weights)
+
+
+def add_drafter_schedule_args(g) -> None:
+    g.add_argument("--drafter-schedule", default=None, help="the drafter's own step schedule (a distilled few-step "
+                   "drafter beside an undistilled target, e.g. a Diagonal Distillation student: diagonal); default: "
+                   "the target's")
+    g.add_argument("--drafter-step-noise", choices=["fresh", "predicted"], default=None, help="the drafter's own "
+                   "step noise (a distilled student: fresh); default: the target's")

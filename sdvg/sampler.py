@@ -63,7 +63,8 @@ class SpeculativeSampler:
         # The router's target-rate correction and pattern need the block count; never mutate the caller's config.
         self.router_config = replace(router, num_blocks=config.num_blocks).validate()
         self.scheduler = FlowMatchScheduler()
-        self.schedule = config.step_schedule()
+        self.schedules = {"target": config.step_schedule(), "drafter": config.step_schedule("drafter")}
+        self.schedule = self.schedules["target"]
         self.policy = config.cache.policy()
         # threshold_state "pooled": the target-rate statistics of every run of this sampler (or of a caller's pool)
         self.pooled_scores: list[float] = [] if pooled_scores is None else pooled_scores
@@ -240,7 +241,8 @@ class _Run:
         self.vae.reset(decoder=compat.vae_decoder)
         self.aux_device = torch.device(getattr(self.vae, "device", "cpu"))
         self.frames = output_store(cfg)  # all frames, or (long videos: flat memory) the last blocks'
-        self.noise = NoiseBank(cfg.seed, (1, LATENT_CHANNELS, FRAMES_PER_BLOCK, *cfg.latent_hw), sampler.schedule)
+        longest = [max(a, b, key=len) for a, b in zip(*sampler.schedules.values(), strict=True)]  # ε shared by prefix
+        self.noise = NoiseBank(cfg.seed, (1, LATENT_CHANNELS, FRAMES_PER_BLOCK, *cfg.latent_hw), longest)
         names = [name for name in ("target", "drafter") if getattr(models, name) is not None]
         self.meter = RunMeter(names)
         self.hooks = Hooks((self.meter, *observers))
@@ -391,12 +393,12 @@ class _Run:
         with self.meter.phase(timings, "cache", den.device):
             den.sync(history)
         noise = self.noise.get(block, den.device, den.dtype)
+        steps = self.s.schedules[model][block]
         if self.video is not None:  # video-to-video: the block starts from the input's latents at the strength
-            kwargs = {**kwargs, "start_step": self.video.start_step(self.s.schedule[block]),
-                      "x0_init": self.video.block(block)}
+            kwargs = {**kwargs, "start_step": self.video.start_step(steps), "x0_init": self.video.block(block)}
         with self.meter.denoise(model, timings, den.device):
-            result = den.denoise(block, noise, self.s.schedule[block], on_step=self._step_hook(block, model),
-                                 step_noise=self.s.config.step_noise, **kwargs)
+            result = den.denoise(block, noise, steps, on_step=self._step_hook(block, model),
+                                 step_noise=self.s.config.step_noise_for(model), **kwargs)
             if model == "target" and not _finite(result.x0):  # a drafter's NaN only rejects its draft (draft_on)
                 raise NonFiniteError(
                     f"The target produced NaN/inf latents in block {block}. Load the DiTs in bf16 or fp32 (fp16 and "
@@ -431,7 +433,8 @@ class _Run:
             out = self.frames.append(frames)
         if not self.s.config.keep_output:
             drop_old_history(self, timings)
-        steps = len(self.s.schedule[b]) - (self.video.start_step(self.s.schedule[b]) if self.video else 0)
+        row = self.s.schedules.get(produced_by, self.s.schedule)[b]
+        steps = len(row) - (self.video.start_step(row) if self.video else 0)
         record = BlockRecord(
             block=b, decision=route.decision, reason=route.reason, produced_by=produced_by,
             steps=steps if produced_by != "input" else 0, q=route.q, scores=list(route.scores), tau=route.tau,
@@ -474,7 +477,7 @@ class _Run:
             "first_frame": cfg.cache.first_frame,
             "positions": cfg.cache.positions,
             "keep_output": cfg.keep_output,
-            "schedule": self.s.schedule,
+            "schedule": self.s.schedule, "drafter_schedule": self.s.schedules["drafter"],
             "step_noise": cfg.step_noise,
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,

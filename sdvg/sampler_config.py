@@ -27,6 +27,10 @@ class SamplerConfig:
     # between steps: re-noise with fresh noise (Self-Forcing, Krea) or with the predicted noise (flow ODE, Euler
     # steps: flow-matching models that were not distilled, e.g. the toy world's)
     step_noise: str = "fresh"
+    # the drafter's own schedule and step noise (a distilled few-step drafter beside an undistilled target, e.g. a
+    # Diagonal Distillation student with the toy target); None: the same as the target's
+    drafter_schedule: str | Sequence[Sequence[float]] | None = None
+    drafter_step_noise: str | None = None
     pipelined: bool = False
     refine_from_step: int | None = None
     stitch: bool = False  # with refine_from_step k: the target continues the drafter's own step-k state (step stitch)
@@ -55,8 +59,14 @@ class SamplerConfig:
         shown = pixel_frames_for_blocks(self.num_blocks) - self.compat.dropped_frames
         if self.num_frames is not None and not 1 <= self.num_frames <= shown:
             raise ConfigError(f"num_frames {self.num_frames} does not fit {self.num_blocks} blocks ({shown} frames).")
-        if self.step_noise not in STEP_NOISES:
-            raise ConfigError(f"step_noise must be one of {', '.join(STEP_NOISES)}, got {self.step_noise!r}.")
+        for name in ("step_noise", "drafter_step_noise"):
+            value = getattr(self, name)
+            if value not in STEP_NOISES and (name == "step_noise" or value is not None):
+                raise ConfigError(f"{name} must be one of {', '.join(STEP_NOISES)}, got {value!r}.")
+        if self.refine_from_step is not None and self.drafter_schedule is not None:
+            raise ConfigError("refine_from_step continues a draft on the target's schedule; it needs one schedule for "
+                              "both models (leave drafter_schedule unset).")
+        self.step_schedule("drafter")
         if self.output_dtype not in OUTPUT_DTYPES:
             raise ConfigError(f"output_dtype must be 'float' or 'uint8', got {self.output_dtype!r}.")
         steps = max(len(row) for row in self.step_schedule())
@@ -97,9 +107,14 @@ class SamplerConfig:
                 "or stream the frames to disk (keep_output=False; the CLI's --out does)."
             )
 
-    def step_schedule(self) -> list[list[float]]:
-        rows = build_step_schedule(self.schedule, self.num_blocks, FlowMatchScheduler())
+    def step_schedule(self, role: str = "target") -> list[list[float]]:
+        """Each block's timesteps for ``role`` (the drafter's own list when ``drafter_schedule`` is set)."""
+        spec = self.drafter_schedule if role == "drafter" and self.drafter_schedule is not None else self.schedule
+        rows = build_step_schedule(spec, self.num_blocks, FlowMatchScheduler())
         return with_tail_step(rows) if self.compat.t0_tail_step else rows
+
+    def step_noise_for(self, role: str) -> str:
+        return self.drafter_step_noise if role == "drafter" and self.drafter_step_noise else self.step_noise
 
     @property
     def latent_hw(self) -> tuple[int, int]:

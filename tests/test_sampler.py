@@ -225,3 +225,21 @@ def test_pattern_routing_realizes_the_pattern_and_scores_only_when_asked(tiny_mo
     assert [b.decision for b in scored.blocks] == [b.decision for b in res.blocks]
     assert all(len(b.scores) == 12 and b.q == min(b.scores) for b in scored.blocks[1:])
     assert torch.equal(scored.latents, res.latents) and torch.equal(scored.frames, res.frames)
+
+
+def test_a_drafter_schedule_of_its_own_leaves_the_target_bit_identical(tiny_models):
+    """A distilled drafter on its own schedule and step noise (drafter_schedule, drafter_step_noise) beside the
+    target's: drafts take the drafter's steps, the target's blocks are exactly a target-only run's (the block noise
+    is shared by prefix), reject-all included."""
+    kw = {"drafter_schedule": "diagonal", "drafter_step_noise": "predicted", "regime": CacheRegime.NOISY}
+    ref = run(tiny_models, mode="target-only", regime=CacheRegime.NOISY)
+    spec = run(tiny_models, tau=math.inf, **kw)
+    assert torch.equal(spec.latents, ref.latents)
+    drafts = run(tiny_models, mode="draft-only", **kw)
+    assert [b.steps for b in drafts.blocks] == [4, 3, 2, 2]
+    assert [b.steps for b in spec.blocks] == [4, 4, 4, 4]
+    assert not torch.equal(drafts.latents, run(tiny_models, mode="draft-only", regime=CacheRegime.NOISY).latents)
+    with pytest.raises(ConfigError, match="refine_from_step continues a draft"):
+        SamplerConfig(num_blocks=2, width=64, height=64, drafter_schedule="diagonal", refine_from_step=1).validate()
+    with pytest.raises(ConfigError, match="drafter_step_noise must be one of"):
+        SamplerConfig(num_blocks=2, width=64, height=64, drafter_step_noise="stale").validate()
