@@ -309,6 +309,7 @@ def add_eval_parser(subparsers) -> None:
     g.add_argument("--schedule", default=None, help="default constant; the toy world's models: their own")
     g.add_argument("--step-noise", choices=["fresh", "predicted"], default=None, help="default fresh; the toy "
                    "world's models: predicted (flow ODE)")
+    cli_args.add_drafter_schedule_args(g)
     cli_args.add_compat_args(p)
     r = p.add_argument_group("Ray (optional extra: pip install '.[ray]')")
     r.add_argument("--ray", default=None, metavar="auto|ADDRESS", help="run prompts as tasks on a Ray cluster, one "
@@ -464,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .toy import cli as toy_cli
 
     toy_cli.add_parser(sub)
+    from .train import cli as train_cli
+
+    train_cli.add_parser(sub)
     from .bench import cli as bench_cli  # an import error here is a bug to see, not a subcommand to drop
 
     bench_cli.add_parser(sub)

@@ -1,0 +1,357 @@
+"""``train_diagonal``: the Diagonal Distillation training loop (DMD with diagonal forcing and flow matching).
+
+One iteration: draw the step's data for the *global* batch from the step's own generator (prompts, rollout noise,
+exit steps, score noise; each rank keeps its slice, so N processes compute what one process does with the same
+global batch), roll the student out, then
+
+- every ``gen_every``-th iteration a generator update: the student's exit-step x0 with autograd, the frozen teacher's
+  (real) and the fake score's x0 of the noised video, the DMD + flow loss (``dmd.py``), AdamW, EMA;
+- every iteration a fake-score update: flow matching on the rollout's video.
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1) the student and fake score are wrapped in ``DistributedDataParallel`` (gloo
+on CPU, NCCL on CUDA); rank 0 writes the checkpoints. State (``<out>/state.pt``: both models, the EMA, the motion
+head, optimisers, step, losses) is written every ``save_every`` iterations and at the end; a rerun resumes.
+The result is ``<out>/student.pt`` in Self-Forcing's layout (``generator``, ``generator_ema``) and ``train.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import torch_load
+from ..devices import resolve_device
+from ..errors import ConfigError
+from ..scheduler import FlowMatchScheduler, build_step_schedule
+from .config import DiagonalTrainConfig
+from .data import load_prompts
+from .dmd import MotionMatcher, ScoreNoise, fake_score_loss, generator_loss, score_x0
+from .rollout import Rollout, RolloutNoise, TrainForward, draw_exits, rollout, student_x0
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    student: Path
+    state: Path
+    steps: int
+    losses: dict[str, list[float]]
+    s_per_iter: float
+    peak_memory_mb: float
+
+
+class _Dist:
+    """The torchrun environment (one process when ``WORLD_SIZE`` is unset)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.on = self.world > 1
+        if self.on and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    def shard(self, batch: int) -> slice:
+        if batch % self.world:
+            raise ConfigError(f"batch {batch} does not split over {self.world} processes; use a multiple.")
+        n = batch // self.world
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+    def mean(self, values: dict[str, float]) -> dict[str, float]:
+        if not self.on or not values:
+            return values
+        t = torch.tensor(list(values.values()), dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return dict(zip(values, (t / self.world).tolist(), strict=True))
+
+    def barrier(self) -> None:
+        if self.on:
+            torch.distributed.barrier()
+
+
+def _device(cfg: DiagonalTrainConfig) -> torch.device:
+    dev = resolve_device(cfg.device, what="training")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def _files(cfg: DiagonalTrainConfig) -> dict[str, str]:
+    from ..toy.preset import toy_files
+
+    toy = toy_files()
+    teacher = cfg.teacher or str(toy["target"])
+    return {"teacher": teacher, "student": cfg.student_init or str(toy["drafter"]), "fake": cfg.fake_init or teacher}
+
+
+def _load(path: str, dev: torch.device, trainable: bool, cfg: DiagonalTrainConfig):
+    from ..wan_loading import load_dit
+
+    if trainable:  # fp32 master weights; bf16 compute comes from autocast on CUDA
+        model = load_dit(path, dtype="fp32", device=dev).train().requires_grad_(True)
+        model.gradient_checkpointing = cfg.gradient_checkpointing
+        return model
+    return load_dit(path, dtype="bf16" if dev.type == "cuda" else "fp32", device=dev).requires_grad_(False)
+
+
+class _Models:
+    def __init__(self, cfg: DiagonalTrainConfig, dev: torch.device, dist: _Dist) -> None:
+        files = _files(cfg)
+        full = cfg.teacher_attention == "full"
+        self.teacher = _load(files["teacher"], dev, False, cfg)
+        self.student = _load(files["student"], dev, True, cfg)
+        self.fake = _load(files["fake"], dev, True, cfg)
+        self.ema = copy.deepcopy(self.student).eval().requires_grad_(False)
+        self.motion = None
+        if cfg.flow_weight > 0 and cfg.motion_head:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                self.motion = MotionMatcher(self.student.config.in_channels, cfg.motion_hidden, cfg.motion_ema).to(dev)
+        fpb = cfg.frames_per_block
+        self.teacher_fwd = TrainForward(self.teacher, fpb, full)
+        self.student_fwd = _wrap(TrainForward(self.student, fpb, companion=self.motion), dist, dev)
+        self.fake_fwd = _wrap(TrainForward(self.fake, fpb, full), dist, dev)
+        gen_params = list(self.student.parameters()) + (list(self.motion.head.parameters()) if self.motion else [])
+        self.opt_gen = torch.optim.AdamW(gen_params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.opt_fake = torch.optim.AdamW(self.fake.parameters(), lr=cfg.lr_fake, betas=cfg.betas,
+                                          weight_decay=cfg.weight_decay)
+
+    def state(self) -> dict:
+        return {"student": self.student.state_dict(), "fake": self.fake.state_dict(), "ema": self.ema.state_dict(),
+                "motion": self.motion.state_dict() if self.motion else None,
+                "opt_gen": self.opt_gen.state_dict(), "opt_fake": self.opt_fake.state_dict()}
+
+    def load(self, st: dict) -> None:
+        self.student.load_state_dict(st["student"])
+        self.fake.load_state_dict(st["fake"])
+        self.ema.load_state_dict(st["ema"])
+        if self.motion is not None and st.get("motion") is not None:
+            self.motion.load_state_dict(st["motion"])
+        self.opt_gen.load_state_dict(st["opt_gen"])
+        self.opt_fake.load_state_dict(st["opt_fake"])
+
+
+def _wrap(module: torch.nn.Module, dist: _Dist, dev: torch.device) -> torch.nn.Module:
+    if not dist.on:
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None)
+
+
+@dataclass
+class _Step:
+    """One iteration's data for this rank."""
+
+    embeds: torch.Tensor
+    noise: RolloutNoise
+    exits: list[int]
+    score: ScoreNoise
+    critic: ScoreNoise
+    target: torch.Tensor | None  # the teacher's video from the same noise (ODE pairs)
+    ode_inputs: torch.Tensor | None  # the teacher's path at each block's exit timestep (ODE pairs)
+
+
+def _draw(cfg: DiagonalTrainConfig, it: int, bank, schedule, dist: _Dist, channels: int, pairs) -> _Step:
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + it)
+    h, w = cfg.latent_hw
+    shape = (cfg.batch, channels, cfg.num_blocks * cfg.frames_per_block, h, w)
+    noise = RolloutNoise.draw(gen, shape, schedule, cfg.frames_per_block)
+    if pairs is not None:  # the step's videos start from pairs' noise, under the pairs' prompts
+        pick = torch.randint(pairs.noise.shape[0], (cfg.batch,), generator=gen)
+        idx, noise.initial, target = pairs.prompts[pick], pairs.noise[pick], pairs.x0[pick]
+    else:
+        idx, target = bank.draw(gen, cfg.batch), None
+    exits = draw_exits(gen, schedule)
+    ode = pairs.inputs(pick, exits) if pairs is not None else None
+    kw = {"min_t": cfg.min_t, "max_t": cfg.max_t, "shift": cfg.score_shift}
+    score, critic = ScoreNoise.draw(gen, shape, **kw), ScoreNoise.draw(gen, shape, **kw)
+    sl = dist.shard(cfg.batch)
+    return _Step(bank(idx[sl]), noise.shard(sl), exits, score.shard(sl), critic.shard(sl),
+                 None if target is None else target[sl], None if ode is None else ode[sl])
+
+
+def _lr_scale(it: int, cfg: DiagonalTrainConfig) -> float:
+    """Linear warm-up, then constant (Self-Forcing trains at a constant rate)."""
+    return min(1.0, (it + 1) / max(1, cfg.warmup))
+
+
+class _Trainer:
+    def __init__(self, cfg: DiagonalTrainConfig, dev: torch.device, dist: _Dist) -> None:
+        self.cfg, self.dev, self.dist = cfg, dev, dist
+        self.out = Path(cfg.out)
+        self.bank = load_prompts(cfg.data, cfg.text_encoder, self.out)
+        self.m = _Models(cfg, dev, dist)
+        self.scheduler = FlowMatchScheduler(cfg.shift)
+        self.schedule = build_step_schedule(cfg.schedule, cfg.num_blocks, self.scheduler)
+        self.neg = self.bank.negative.float().to(dev)
+        self.autocast = cfg.autocast == "bf16" or (cfg.autocast == "auto" and dev.type == "cuda")
+        self.pairs = None
+        if cfg.regression_weight > 0:  # rank 0 makes (or loads) and writes them, the others then load its file
+            from .ode_pairs import make_pairs
+
+            for turn in (True, False):
+                if (dist.rank == 0) == turn:
+                    self.pairs = make_pairs(self.m.teacher, self.bank, cfg, _files(cfg)["teacher"], self.out,
+                                            self.schedule)
+                dist.barrier()
+        self.step, self.losses = 0, {}
+        self.timing = {"seconds": 0.0, "iterations": 0, "peak_memory_mb": 0.0}  # over every session of the run
+
+    def amp(self):
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dev.type, dtype=torch.bfloat16)
+
+    def iteration(self, it: int) -> dict[str, float]:
+        cfg, m = self.cfg, self.m
+        s = _draw(cfg, it, self.bank, self.schedule, self.dist, m.student.config.in_channels, self.pairs)
+        embeds = s.embeds.to(self.dev)
+        for opt in (m.opt_gen, m.opt_fake):
+            for g in opt.param_groups:
+                g["lr"] = (cfg.lr if opt is m.opt_gen else cfg.lr_fake) * _lr_scale(it, cfg)
+        with self.amp():
+            roll = rollout(m.student, embeds, s.noise, self.schedule, s.exits, cache=cfg.cache,
+                           scheduler=self.scheduler, fpb=cfg.frames_per_block, step_noise=cfg.step_noise)
+        logs = self._generator_update(roll, embeds, s) if it % cfg.gen_every == 0 else {}
+        logs["fake"] = self._fake_update(roll.x0, embeds, s.critic)
+        return logs
+
+    def _generator_update(self, roll, embeds, s: _Step) -> dict[str, float]:
+        cfg, m = self.cfg, self.m
+        n = roll.x_exit.shape[0]
+        with self.amp():
+            if s.target is not None:  # ODE regression: from the teacher's path states, in the same forward
+                ode = Rollout.of(s.ode_inputs.to(self.dev), [row[k] for row, k in zip(self.schedule, s.exits,
+                                 strict=True)], s.target.to(self.dev), self.scheduler, cfg.frames_per_block)
+                both = student_x0(m.student_fwd, roll.cat(ode), torch.cat([embeds, embeds]), cfg.cache)
+                x0, x0_ode = both[:n], both[n:]
+            else:
+                x0 = student_x0(m.student_fwd, roll, embeds, cfg.cache)
+            with torch.no_grad():
+                real = score_x0(m.teacher_fwd, x0.detach(), s.score, embeds, self.neg, cfg.real_guidance)
+                fake = score_x0(_module(m.fake_fwd), x0.detach(), s.score, embeds)
+            loss, parts = generator_loss(x0, real, fake, flow_weight=cfg.flow_weight, motion=m.motion,
+                                         dmd_weight=cfg.dmd_weight)
+            if s.target is not None:
+                reg = torch.nn.functional.mse_loss(x0_ode, s.target.to(x0.device))
+                loss = loss + cfg.regression_weight * reg
+                parts["regression"] = float(reg.detach())
+        m.opt_gen.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in m.opt_gen.param_groups for p in g["params"]], cfg.grad_clip)
+        m.opt_gen.step()
+        with torch.no_grad():
+            for pe, ps in zip(m.ema.parameters(), m.student.parameters(), strict=True):
+                pe.lerp_(ps, 1 - cfg.ema)
+        if m.motion is not None:
+            m.motion.update_target()
+        return {"gen": float(loss.detach()), **parts}
+
+    def _fake_update(self, x0: torch.Tensor, embeds: torch.Tensor, noise: ScoreNoise) -> float:
+        m = self.m
+        with self.amp():
+            loss = fake_score_loss(m.fake_fwd, x0.float(), noise, embeds)
+        m.opt_fake.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.fake.parameters(), self.cfg.grad_clip)
+        m.opt_fake.step()
+        return float(loss.detach())
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state_path(self) -> Path:
+        return self.out / "state.pt"
+
+    def resume(self) -> None:
+        if self.state_path.is_file():
+            st = torch_load(self.state_path)
+            self.m.load(st)
+            self.step, self.losses = int(st["step"]), {k: list(v) for k, v in st["losses"].items()}
+            self.timing.update(st.get("timing", {}))
+            logger.info("resuming Diagonal Distillation at step %d", self.step)
+
+    def save(self) -> None:
+        if self.dist.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_path.with_suffix(".tmp")
+            self.timing["peak_memory_mb"] = max(self.timing["peak_memory_mb"], peak_memory_mb(self.dev))
+            torch.save({**self.m.state(), "step": self.step, "losses": self.losses, "config": self.cfg.to_json(),
+                        "timing": self.timing},
+                       tmp)
+            tmp.replace(self.state_path)
+            self._write_student()
+        self.dist.barrier()
+
+    def record(self, logs: dict[str, float]) -> None:
+        for k, v in logs.items():  # [iteration, value]: the generator's terms are logged on its iterations only
+            self.losses.setdefault(k, []).append([self.step, v])
+
+    def _write_student(self) -> Path:
+        """``student.pt`` in Self-Forcing's layout (rank 0; rewritten at every save, so it is the latest)."""
+        from ..fixtures.tiny import write_self_forcing_pt
+        from ..toy.dit_train import original_state_dict
+
+        return write_self_forcing_pt(self.out / "student.pt", original_state_dict(self.m.student),
+                                     original_state_dict(self.m.ema), self.m.student.config.num_attention_heads)
+
+    @property
+    def s_per_iter(self) -> float:
+        return self.timing["seconds"] / max(1, self.timing["iterations"])
+
+    def peak_mb(self) -> float:
+        return max(self.timing["peak_memory_mb"], peak_memory_mb(self.dev))
+
+    def export(self) -> Path:
+        path = self.out / "student.pt"
+        if self.dist.rank == 0:
+            self._write_student()
+            info = {"command": "python -m sdvg train diagonal", "config": self.cfg.to_json(), "steps": self.step,
+                    "world_size": self.dist.world, "s_per_iter": self.s_per_iter, "peak_memory_mb": self.peak_mb(),
+                    "schedule": self.schedule, "losses": self.losses}
+            (self.out / "train.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        self.dist.barrier()
+        return path
+
+
+def _module(m: torch.nn.Module) -> torch.nn.Module:
+    return getattr(m, "module", m)
+
+
+def peak_memory_mb(dev: torch.device) -> float:
+    if dev.type == "cuda":
+        return torch.cuda.max_memory_allocated(dev) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def train_diagonal(cfg: DiagonalTrainConfig, *, progress: Callable[[dict], None] | None = None) -> TrainResult:
+    """Train (or resume) a Diagonal Distillation student; see the module docstring."""
+    cfg.validate()
+    dev = _device(cfg)
+    dist = _Dist(dev)
+    tr = _Trainer(cfg, dev, dist)
+    tr.resume()
+    while tr.step < cfg.steps:
+        t0 = time.perf_counter()
+        logs = dist.mean(tr.iteration(tr.step))
+        tr.timing["seconds"] += time.perf_counter() - t0
+        tr.timing["iterations"] += 1
+        tr.step += 1
+        tr.record(logs)
+        if progress is not None and dist.rank == 0:
+            progress({"step": tr.step, "steps": cfg.steps, **logs, "s_per_iter": tr.s_per_iter})
+        if tr.step % cfg.save_every == 0 or tr.step == cfg.steps:
+            tr.save()
+    student = tr.export()
+    return TrainResult(student, tr.state_path, tr.step, tr.losses, tr.s_per_iter, tr.peak_mb())

@@ -1,0 +1,95 @@
+"""Measure distilled students on the toy world: the judge's caption accuracy (with a bootstrap interval over
+prompts × seeds), motion amplitude, per-forward cost, and quality by block index on long rollouts.
+
+A student is sampled the way it was trained: its schedule (diagonal or constant), fresh noise between steps, and the
+cache it was trained with (``noisy`` regime for diagonal forcing, ``global`` = clean pass for the clean cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..regimes import CacheConfig
+from ..stats import bootstrap_ci
+
+#: the long-rollout cache: noisy, a rolling window of the training length (9 frames) with 3 pinned sinks at
+#: window-relative RoPE positions, so no position past the training length is ever used
+LONG_WINDOW = {"window_frames": 9, "sink_frames": 3, "positions": "window"}
+
+
+@dataclass
+class Sampling:
+    """How to sample one model for a measurement row."""
+
+    name: str
+    drafter: str | None  # None: the toy target itself (target-only)
+    schedule: str | list = "diagonal"
+    step_noise: str = "fresh"
+    cache: str = "noisy"  # the training cache: noisy | clean (sampled with the global regime's clean pass)
+    extra: dict = field(default_factory=dict)
+
+    def cache_config(self, num_blocks: int) -> CacheConfig:
+        if self.cache == "clean":
+            return CacheConfig(regime="global")
+        return CacheConfig(regime="noisy", **(LONG_WINDOW if num_blocks * 3 > 9 else {}))
+
+
+def motion_amplitude(frames: torch.Tensor) -> float:
+    """Mean absolute difference of consecutive frames (pixels in [0, 1]): how much the video moves."""
+    f = frames.float() / 255 if frames.dtype == torch.uint8 else frames.float()
+    return float((f[1:] - f[:-1]).abs().mean())
+
+
+def _first_frame(block: int) -> int:
+    """The first pixel frame of ``block`` (block 0 decodes to 9 frames, later blocks to 12)."""
+    return 0 if block == 0 else 9 + 12 * (block - 1)
+
+
+def _video(models, s: Sampling, caption: str, seed: int, num_blocks: int):
+    from ..router import RouterConfig
+    from ..sampler import SpeculativeSampler
+    from ..sampler_config import SamplerConfig
+    from ..toy.preset import TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE
+
+    if s.drafter is None:
+        cfg = SamplerConfig(num_blocks=num_blocks, width=TOY_SIZE[0], height=TOY_SIZE[1], seed=seed,
+                            schedule=TOY_SCHEDULE, step_noise=TOY_STEP_NOISE, cache=s.cache_config(num_blocks))
+        return SpeculativeSampler(models, RouterConfig(mode="target-only"), cfg.validate()).run(caption)
+    cfg = SamplerConfig(num_blocks=num_blocks, width=TOY_SIZE[0], height=TOY_SIZE[1], seed=seed,
+                        schedule=s.schedule, step_noise=s.step_noise, cache=s.cache_config(num_blocks))
+    return SpeculativeSampler(models, RouterConfig(mode="draft-only"), cfg.validate()).run(caption)
+
+
+def measure(models_for, s: Sampling, prompts: list[str], seeds: list[int], *, num_blocks: int = 3,
+            per_block: bool = False) -> dict:
+    """One row: judge mean and 95 % interval, smoothness, motion amplitude, seconds per video (and, with
+    ``per_block``, the judge on each 3-block window by its last block)."""
+    import time
+
+    from ..toy.judge import judge
+
+    models = models_for(s.drafter)
+    accs, motion, smooth, secs = [], [], [], []
+    windows: dict[int, list[float]] = {}
+    for seed in seeds:
+        for caption in prompts:
+            t0 = time.perf_counter()
+            res = _video(models, s, caption, seed, num_blocks)
+            secs.append(time.perf_counter() - t0)
+            v = judge(res.frames, caption)
+            accs.append(v.accuracy)
+            smooth.append(v.smooth)
+            motion.append(motion_amplitude(res.frames))
+            if per_block:
+                for last in range(2, num_blocks):  # the window of three blocks ending at ``last``
+                    clip = res.frames[_first_frame(last - 2):_first_frame(last + 1)]
+                    windows.setdefault(last, []).append(judge(clip, caption).accuracy)
+    lo, hi = bootstrap_ci(accs, lambda xs: sum(xs) / len(xs))
+    row = {"name": s.name, "judge": sum(accs) / len(accs), "judge_lo": lo, "judge_hi": hi,
+           "smooth": sum(smooth) / len(smooth), "motion": sum(motion) / len(motion),
+           "motion_sd": float(torch.tensor(motion).std()), "s_per_video": sum(secs) / len(secs), "n": len(accs)}
+    if per_block:
+        row["by_block"] = {b: sum(v) / len(v) for b, v in windows.items()}
+    return row
