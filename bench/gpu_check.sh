@@ -6,9 +6,12 @@
 #      bf16, 5 blocks (`python -m sdvg bench --profile real-size`);
 #   3. block offload and LoRA merging on the GPU (bench/offload_lora_check.py): tiny offload bit-identical with the
 #      side-stream prefetch, LoRA merge on the GPU == on the CPU, and a random 14B in fp8 at 832x480 with 9 of 40
-#      blocks resident (the 24 GiB plan) vs all resident: bit-identical, seconds per forward, peak memory.
+#      blocks resident (the 24 GiB plan) vs all resident: bit-identical, seconds per forward, peak memory;
+#   4. Diagonal Distillation training at the real 1.3B shapes with random weights (bench/train_real_size.py): a few
+#      DMD steps (student, teacher, fake score, 832x480, 21 latent frames, bf16 autocast, gradient checkpointing):
+#      seconds per iteration and peak memory beside the FSDP plan's one-GPU estimate.
 # Results go to $OUT (default out/gpu_check): cuda_smoke.json, real_size.json, real_size.png, offload_lora.json,
-# logs, summary.txt.
+# train_real_size.json, logs, summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/gpu_check}"
@@ -31,6 +34,9 @@ timeout 150 "$PY" bench/offload_lora_check.py --real --resident 9 --out "$OUT/of
     2>&1 | tee "$OUT/offload_lora.log"
 offload=${PIPESTATUS[0]}
 
-echo "cuda_smoke rc=$smoke real_size rc=$real offload_lora rc=$offload elapsed $(( $(date +%s) - start ))s" \
-    | tee "$OUT/summary.txt"
-[ "$smoke" -eq 0 ] && [ "$real" -eq 0 ] && [ "$offload" -eq 0 ]
+timeout 240 "$PY" bench/train_real_size.py --out "$OUT/train_real_size.json" 2>&1 | tee "$OUT/train_real_size.log"
+train=${PIPESTATUS[0]}
+
+echo "cuda_smoke rc=$smoke real_size rc=$real offload_lora rc=$offload train_real_size rc=$train" \
+    "elapsed $(( $(date +%s) - start ))s" | tee "$OUT/summary.txt"
+[ "$smoke" -eq 0 ] && [ "$real" -eq 0 ] && [ "$offload" -eq 0 ] && [ "$train" -eq 0 ]
