@@ -12,7 +12,8 @@
 3. long rollouts to 4× the training length (12 blocks; rolling 9-frame window with 3 sinks), judged on each
    3-block window by its last block;
 4. the distilled student as the SDVG drafter for the toy target (``python -m sdvg eval --world toy --drafter
-   student.pt --drafter-schedule diagonal --drafter-step-noise fresh``);
+   student.pt --drafter-schedule diagonal --drafter-step-noise fresh --cache noisy``), beside the undistilled toy
+   drafter on the same diagonal steps (ODE steps, its best few-step setting);
 5. writes ``results.json``, ``table.md`` and ``losses.png`` into ``--out``.
 """
 
@@ -77,27 +78,40 @@ def samplings(out: Path, names: list[str]):
 
 def measure_all(out: Path, names: list[str], n_prompts: int, seeds: list[int]) -> dict:
     from sdvg.toy.preset import toy_prompts
-    from sdvg.train.measure import measure
+    from sdvg.train.config import load_config
+    from sdvg.train.measure import measure, teacher_fidelity
 
     prompts = toy_prompts(n_prompts)
     short = [measure(_models, s, prompts, seeds) for s in samplings(out, names)]
+    for row, s in zip(short, samplings(out, names), strict=True):
+        if s.drafter is not None:  # the latent MSE to the teacher's video from the same noise (held-out pairs)
+            cfg = load_config(None, schedule=s.schedule, cache=s.cache)
+            row.update(teacher_fidelity(s.drafter, cfg, step_noise=s.step_noise))
     long = [measure(_models, s, prompts, seeds[:1], num_blocks=LONG_BLOCKS, per_block=True)
             for s in samplings(out, names) if s.name.startswith(("teacher", "student: diagonal", "student: clean",
                                                                    "undistilled drafter, diagonal, ODE"))]
     return {"short": short, "long": long}
 
 
-def sdvg_rows(out: Path) -> list[dict]:
+def sdvg_rows(out: Path, n_prompts: int) -> list[dict]:
+    """SDVG on the toy target with the distilled student as drafter (diagonal, fresh noise), and the same with the
+    undistilled toy drafter on the same diagonal steps (its best few-step setting: ODE steps), noisy cache."""
     from sdvg.cli import main
+    from sdvg.toy.preset import toy_files
 
-    ev = out / "sdvg_eval"
-    argv = ["eval", "--world", "toy", "--out", str(ev), "--drafter", str(out / "diagonal" / "student.pt"),
-            "--drafter-schedule", "diagonal", "--drafter-step-noise", "fresh", "--methods",
-            "target-only,draft-only,sdvg,random", "--no-videos"]
-    if main(argv) != 0:
-        raise SystemExit("eval failed")
-    with open(ev / "summary.csv", newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
+    rows = []
+    for name, drafter, noise in (("student", out / "diagonal" / "student.pt", "fresh"),
+                                 ("undistilled drafter", toy_files()["drafter"], "predicted")):
+        ev = out / f"sdvg_eval_{name.split()[0]}"
+        argv = ["eval", "--world", "toy", "--out", str(ev), "--drafter", str(drafter), "--drafter-schedule",
+                "diagonal", "--drafter-step-noise", noise, "--methods", "target-only,draft-only,sdvg,random",
+                "--no-videos", "--limit", str(n_prompts), "--cache", "noisy"]
+        if main(argv) != 0:
+            raise SystemExit("eval failed")
+        with open(ev / "summary.csv", newline="", encoding="utf-8") as fh:
+            rows += [{"drafter": name, **r} for r in csv.DictReader(fh)
+                     if not (name != "student" and r["method"] == "target-only")]
+    return rows
 
 
 def training_info(out: Path, names: list[str]) -> dict:
@@ -120,7 +134,7 @@ def plot_losses(out: Path, info: dict) -> Path:
         for key, dashed in (("fake", False), ("regression", True)):
             pts = t["losses"].get(key, [])
             if pts:
-                series.append((name, key, color, dashed, _smooth(pts, 25)))
+                series.append((name, key, color, dashed, _smooth(pts, 25)[::10]))  # every 10th: dashes show
     xs = [p[0] for s in series for p in s[4]]
     ys = [p[1] for s in series for p in s[4]]
     chart.set_range(nice_range(xs, pad=0.0), nice_range(ys, include=[0.0]))
@@ -144,9 +158,11 @@ def _smooth(pts: list, k: int) -> list[tuple[float, float]]:
 
 
 def table(res: dict) -> str:
-    lines = ["| sampling | judge [95 % CI] | smooth | motion (mean \\|Δframe\\|) | s / video |", "|---|---|---|---|---|"]
+    lines = ["| sampling | judge [95 % CI] | MSE to the teacher [95 % CI] | smooth | motion (mean \\|Δframe\\|) | "
+             "s / video |", "|---|---|---|---|---|---|"]
     for r in res["short"]:
-        lines.append(f"| {r['name']} | {r['judge']:.3f} [{r['judge_lo']:.3f}, {r['judge_hi']:.3f}] | "
+        fid = f"{r['mse']:.3f} [{r['mse_lo']:.3f}, {r['mse_hi']:.3f}]" if "mse" in r else "0 (itself)"
+        lines.append(f"| {r['name']} | {r['judge']:.3f} [{r['judge_lo']:.3f}, {r['judge_hi']:.3f}] | {fid} | "
                      f"{r['smooth']:.3f} | {r['motion']:.4f} ± {r['motion_sd']:.4f} | {r['s_per_video']:.3f} |")
     lines += ["", "Long rollout (12 blocks = 4× the training length), judge of the 3-block window ending at block:", ""]
     blocks = sorted({int(b) for r in res["long"] for b in r["by_block"]})
@@ -157,11 +173,11 @@ def table(res: dict) -> str:
     lines += ["", "| training run | iterations | s / iteration | peak RSS (MiB) |", "|---|---|---|---|"]
     for name, t in res["training"].items():
         lines.append(f"| {name} | {t['steps']} | {t['s_per_iter']:.2f} | {t['peak_memory_mb']:.0f} |")
-    lines += ["", "| SDVG with the student as drafter: method | τ | acceptance | speedup | judge [95 % CI] |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| SDVG on the toy target: drafter | method | τ | acceptance | speedup | judge [95 % CI] |",
+              "|---|---|---|---|---|---|"]
     for r in res["sdvg"]:
         acc = f"{float(r['acceptance']):.0%}" if r.get("acceptance") else ""
-        lines.append(f"| {r['method']} | {r.get('tau', '')} | {acc} | {float(r['speedup']):.2f} | "
+        lines.append(f"| {r['drafter']} | {r['method']} | {r.get('tau', '')} | {acc} | {float(r['speedup']):.2f} | "
                      f"{float(r['judge']):.3f} [{float(r['judge_lo']):.3f}, {float(r['judge_hi']):.3f}] |")
     return "\n".join(lines) + "\n"
 
@@ -185,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     res = measure_all(out, names, args.prompts, [int(s) for s in args.seeds.split(",")])
     res["training"] = training_info(out, names)
-    res["sdvg"] = sdvg_rows(out) if "diagonal" in names else []
+    res["sdvg"] = sdvg_rows(out, args.prompts) if "diagonal" in names else []
     plot_losses(out, res["training"])
     slim = {**res, "training": {k: {kk: vv for kk, vv in v.items() if kk != "losses"}
                                 for k, v in res["training"].items()}}

@@ -228,23 +228,27 @@ class _Trainer:
         logs["fake"] = self._fake_update(roll.x0, embeds, s.critic)
         return logs
 
+    def _student_forward(self, roll: Rollout, embeds: torch.Tensor, s: _Step):
+        """The student's exit-step x0 of its rollout and (ODE pairs) of the teacher's path states: one forward."""
+        if s.target is None:
+            return student_x0(self.m.student_fwd, roll, embeds, self.cfg.cache), None
+        t_exit = [row[k] for row, k in zip(self.schedule, s.exits, strict=True)]
+        ode = Rollout.of(s.ode_inputs.to(self.dev), t_exit, s.target.to(self.dev), self.scheduler,
+                         self.cfg.frames_per_block)
+        both = student_x0(self.m.student_fwd, roll.cat(ode), torch.cat([embeds, embeds]), self.cfg.cache)
+        n = roll.x_exit.shape[0]
+        return both[:n], both[n:]
+
     def _generator_update(self, roll, embeds, s: _Step) -> dict[str, float]:
         cfg, m = self.cfg, self.m
-        n = roll.x_exit.shape[0]
         with self.amp():
-            if s.target is not None:  # ODE regression: from the teacher's path states, in the same forward
-                ode = Rollout.of(s.ode_inputs.to(self.dev), [row[k] for row, k in zip(self.schedule, s.exits,
-                                 strict=True)], s.target.to(self.dev), self.scheduler, cfg.frames_per_block)
-                both = student_x0(m.student_fwd, roll.cat(ode), torch.cat([embeds, embeds]), cfg.cache)
-                x0, x0_ode = both[:n], both[n:]
-            else:
-                x0 = student_x0(m.student_fwd, roll, embeds, cfg.cache)
+            x0, x0_ode = self._student_forward(roll, embeds, s)
             with torch.no_grad():
                 real = score_x0(m.teacher_fwd, x0.detach(), s.score, embeds, self.neg, cfg.real_guidance)
                 fake = score_x0(_module(m.fake_fwd), x0.detach(), s.score, embeds)
             loss, parts = generator_loss(x0, real, fake, flow_weight=cfg.flow_weight, motion=m.motion,
                                          dmd_weight=cfg.dmd_weight)
-            if s.target is not None:
+            if x0_ode is not None:
                 reg = torch.nn.functional.mse_loss(x0_ode, s.target.to(x0.device))
                 loss = loss + cfg.regression_weight * reg
                 parts["regression"] = float(reg.detach())
