@@ -84,7 +84,6 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
                    "fresh noise (Self-Forcing, Krea; the default) or the predicted noise (flow ODE Euler steps, for "
                    "undistilled flow-matching models; the toy world's default)")
     add_drafter_schedule_args(g)
-
     g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
     g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
     g.add_argument("--stitch", action="store_true", help="with --refine-from-step K: step stitch, the target continues "

@@ -478,7 +478,7 @@ class _Run:
             "positions": cfg.cache.positions,
             "keep_output": cfg.keep_output,
             "schedule": self.s.schedule, "drafter_schedule": self.s.schedules["drafter"],
-            "step_noise": cfg.step_noise,
+            "step_noise": cfg.step_noise, "drafter_step_noise": cfg.step_noise_for("drafter"),
             "pipelined": cfg.pipelined,
             "refine_from_step": cfg.refine_from_step,
             "stitch": cfg.stitch,

@@ -70,7 +70,7 @@ def _check_files(cfg) -> None:
 
 def _dry_run(cfg, args) -> int:
     from ..wan_loading import inspect_dit_checkpoint
-    from .loop import _files
+    from .loop import model_files
     from .plan import WAN_1P3B, format_plan, memory_plan
 
     try:
@@ -80,7 +80,7 @@ def _dry_run(cfg, args) -> int:
     if args.plan_model == "1.3b":
         config, frames, hw = WAN_1P3B, 21, (60, 104)
     else:
-        config = inspect_dit_checkpoint(_files(cfg)["student"]).config
+        config = inspect_dit_checkpoint(model_files(cfg)["student"]).config
         frames, hw = cfg.num_blocks * cfg.frames_per_block, cfg.latent_hw
     per_gpu = max(1, cfg.batch // max(gpus)) if args.plan_model == "student" else 1
     plans = [memory_plan(config=config, gpus=g, batch_per_gpu=per_gpu, num_frames=frames, latent_hw=hw,

@@ -87,7 +87,7 @@ def _device(cfg: DiagonalTrainConfig) -> torch.device:
     return dev
 
 
-def _files(cfg: DiagonalTrainConfig) -> dict[str, str]:
+def model_files(cfg: DiagonalTrainConfig) -> dict[str, str]:
     from ..toy.preset import toy_files
 
     toy = toy_files()
@@ -107,7 +107,7 @@ def _load(path: str, dev: torch.device, trainable: bool, cfg: DiagonalTrainConfi
 
 class _Models:
     def __init__(self, cfg: DiagonalTrainConfig, dev: torch.device, dist: _Dist) -> None:
-        files = _files(cfg)
+        files = model_files(cfg)
         full = cfg.teacher_attention == "full"
         self.teacher = _load(files["teacher"], dev, False, cfg)
         self.student = _load(files["student"], dev, True, cfg)
@@ -203,7 +203,7 @@ class _Trainer:
 
             for turn in (True, False):
                 if (dist.rank == 0) == turn:
-                    self.pairs = make_pairs(self.m.teacher, self.bank, cfg, _files(cfg)["teacher"], self.out,
+                    self.pairs = make_pairs(self.m.teacher, self.bank, cfg, model_files(cfg)["teacher"], self.out,
                                             self.schedule)
                 dist.barrier()
         self.step, self.losses = 0, {}

@@ -53,13 +53,12 @@ def _video(models, s: Sampling, caption: str, seed: int, num_blocks: int):
     from ..sampler_config import SamplerConfig
     from ..toy.preset import TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE
 
-    if s.drafter is None:
-        cfg = SamplerConfig(num_blocks=num_blocks, width=TOY_SIZE[0], height=TOY_SIZE[1], seed=seed,
-                            schedule=TOY_SCHEDULE, step_noise=TOY_STEP_NOISE, cache=s.cache_config(num_blocks))
-        return SpeculativeSampler(models, RouterConfig(mode="target-only"), cfg.validate()).run(caption)
+    target = s.drafter is None  # the toy target itself, on its own schedule and ODE steps
     cfg = SamplerConfig(num_blocks=num_blocks, width=TOY_SIZE[0], height=TOY_SIZE[1], seed=seed,
-                        schedule=s.schedule, step_noise=s.step_noise, cache=s.cache_config(num_blocks))
-    return SpeculativeSampler(models, RouterConfig(mode="draft-only"), cfg.validate()).run(caption)
+                        schedule=TOY_SCHEDULE if target else s.schedule,
+                        step_noise=TOY_STEP_NOISE if target else s.step_noise, cache=s.cache_config(num_blocks))
+    mode = "target-only" if target else "draft-only"
+    return SpeculativeSampler(models, RouterConfig(mode=mode), cfg.validate()).run(caption)
 
 
 def measure(models_for, s: Sampling, prompts: list[str], seeds: list[int], *, num_blocks: int = 3,
