@@ -28,7 +28,7 @@ def _models_dir(layers: int) -> Path:
     from safetensors.torch import save_file
 
     from sdvg.fixtures.tiny import TINY_TEXT_DIM, make_tiny, random_original_state_dict
-    from sdvg.wan_keys import make_config
+    from sdvg.loaders.wan_keys import make_config
 
     root = Path(tempfile.mkdtemp(prefix="sdvg-mem-"))
     make_tiny(root)

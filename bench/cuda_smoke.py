@@ -21,10 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sdvg.fixtures.tiny import ensure_tiny  # noqa: E402
-from sdvg.pipeline import load_models  # noqa: E402
-from sdvg.regimes import CacheConfig, CacheRegime  # noqa: E402
-from sdvg.router import RouterConfig  # noqa: E402
-from sdvg.sampler import SamplerConfig, SpeculativeSampler  # noqa: E402
+from sdvg.loaders.bundle import load_models  # noqa: E402
+from sdvg.sampling.regimes import CacheConfig, CacheRegime  # noqa: E402
+from sdvg.sampling.router import RouterConfig  # noqa: E402
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler  # noqa: E402
 
 PROMPT = "a red fox running through snow"
 

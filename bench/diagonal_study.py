@@ -56,7 +56,7 @@ def train(out: Path, steps: int, threads: int, only: list[str]) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _models(drafter: str | None):
-    from sdvg.pipeline import load_models
+    from sdvg.loaders.bundle import load_models
     from sdvg.toy.preset import toy_files
 
     f = toy_files()
@@ -99,7 +99,7 @@ def measure_all(out: Path, names: list[str], n_prompts: int, seeds: list[int]) -
 def sdvg_rows(out: Path, n_prompts: int) -> list[dict]:
     """SDVG on the toy target with the distilled student as drafter (diagonal, fresh noise), and the same with the
     undistilled toy drafter on the same diagonal steps (its best few-step setting: ODE steps), noisy cache."""
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
     from sdvg.toy.preset import toy_files
 
     rows = []
@@ -127,7 +127,7 @@ def training_info(out: Path, names: list[str]) -> dict:
 
 
 def plot_losses(out: Path, info: dict) -> Path:
-    from sdvg.plotting import Chart, nice_range
+    from sdvg.outputs.plotting import Chart, nice_range
 
     colors = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14)]
     chart = Chart(900, 420, (70, 40, 700, 370), title="Diagonal Distillation (toy): fake-score loss (solid) and "

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 def one(blocks: int, cache: str, size: int, keep: bool, mode: str) -> dict:
     """Runs in the child: one generate, then its own peak RSS."""
     sys.path.insert(0, str(REPO))
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
 
     out = Path(tempfile.mkdtemp(prefix="sdvg-long-"))
     argv = ["generate", "--prompt", "a fox in snow", "--blocks", str(blocks), "--cache", cache, "--width", str(size),

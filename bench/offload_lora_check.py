@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sdvg.fixtures import loras as fl  # noqa: E402
 from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, write_tiny_dits  # noqa: E402
-from sdvg.lora import LoraSpec  # noqa: E402
-from sdvg.offload import offload_model  # noqa: E402
-from sdvg.wan_loading import load_dit, to_fp8_storage  # noqa: E402
+from sdvg.loaders.lora import LoraSpec  # noqa: E402
+from sdvg.loaders.wan import load_dit, to_fp8_storage  # noqa: E402
+from sdvg.models.offload import offload_model  # noqa: E402
 
 GIB = 2**30
 
@@ -79,7 +79,7 @@ def tiny_checks(device: torch.device, folder: Path) -> dict:
 def real_check(device: torch.device, resident: int, latent_hw: tuple[int, int] = (60, 104)) -> dict:
     """The random 14B (fp8 storage) at ``latent_hw`` (default 480x832), resident vs ``resident`` blocks."""
     from sdvg.fixtures.random_models import random_dit
-    from sdvg.wan_keys import config_for_size
+    from sdvg.loaders.wan_keys import config_for_size
 
     model = random_dit(config_for_size("14B"), device, torch.bfloat16, seed=2)
     to_fp8_storage(model)

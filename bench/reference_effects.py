@@ -16,11 +16,11 @@ from dataclasses import fields
 
 import torch
 
-from sdvg.compat import PROFILES, Compat
 from sdvg.fixtures.tiny import ensure_tiny
-from sdvg.pipeline import load_models
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.loaders.bundle import load_models
+from sdvg.sampling.compat import PROFILES, Compat
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 
 PROMPTS = ("a red fox running through snow", "a lighthouse on a cliff at dusk, waves below")
 

@@ -25,8 +25,8 @@ def _write_inputs(work: Path, shape: str) -> tuple[Path, Path, dict]:
     import torch
 
     from sdvg.fixtures.tiny import random_original_state_dict, write_krea_safetensors
+    from sdvg.loaders.wan_keys import make_config
     from sdvg.train.plan import WAN_1P3B
-    from sdvg.wan_keys import make_config
 
     config = WAN_1P3B if shape == "real" else make_config(2, 32, 16, 16, 64, 64, 128, 2, (1, 2, 2))
     dit = write_krea_safetensors(work / "dit.safetensors", random_original_state_dict(config, seed=0),

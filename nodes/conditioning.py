@@ -91,7 +91,7 @@ MAX_BLEND_BLOCKS = 64
 
 def parse_schedule(schedule: str, blend_blocks: int):
     """The node's text (one ``BLOCK: prompt`` per line, or ``|``-separated) → an engine ``PromptSchedule``."""
-    from ..sdvg.prompt_schedule import PromptSchedule
+    from ..sdvg.sampling.prompt_schedule import PromptSchedule
 
     lines = [ln.strip() for ln in schedule.replace("|", "\n").splitlines() if ln.strip()]
     return PromptSchedule.parse("|".join(lines), blend_blocks=int(blend_blocks))

@@ -49,7 +49,7 @@ class SDVGDiTFromModel(io.ComfyNode):
     @classmethod
     def execute(cls, model, weight_dtype: str, device: str, offload: str) -> io.NodeOutput:
         from ..sdvg.devices import resolve_device
-        from ..sdvg.dit_from_weights import dit_from_weights
+        from ..sdvg.loaders.from_weights import dit_from_weights
 
         core = _host.core_wan_weights(model)
         dev = resolve_device(device, what="DiT")

@@ -89,8 +89,8 @@ def load_dit_file(path: str):
     block offload, once per (file, dtype, device, LoRAs, offload) while anything holds it."""
 
     def load(handle: DiTHandle):
-        from ..sdvg.lora import LoraSpec
-        from ..sdvg.wan_loading import load_dit
+        from ..sdvg.loaders.lora import LoraSpec
+        from ..sdvg.loaders.wan import load_dit
 
         loras = [LoraSpec(p, s) for p, s in handle.loras]
         key = (*_models.file_key(path), handle.dtype, str(handle.device), handle.block_offload,
@@ -158,7 +158,7 @@ class SDVGModelLoader(io.ComfyNode):
                 resident_blocks: int = 10) -> io.NodeOutput:
         from ..sdvg.devices import parse_dtype
         from ..sdvg.errors import ConfigError
-        from ..sdvg.wan_loading import inspect_dit_checkpoint
+        from ..sdvg.loaders.wan import inspect_dit_checkpoint
 
         if offload not in OFFLOAD_POLICIES:
             raise ConfigError(f"Unknown offload policy {offload!r}; use one of {', '.join(OFFLOAD_POLICIES)}.")
@@ -193,7 +193,7 @@ class SDVGTextEncoderLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
-        from ..sdvg.text_encoder import TextEncoder
+        from ..sdvg.models.text_encoder import TextEncoder
 
         handle = _load_aux("text_encoder", "text_encoders", model_name, device, dtype, "text encoder", TextEncoder.load)
         return io.NodeOutput(handle)
@@ -221,7 +221,7 @@ class SDVGVAELoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
-        from ..sdvg.vae_open import open_vae
+        from ..sdvg.loaders.vae_open import open_vae
 
         return io.NodeOutput(_load_aux("vae", "vae", model_name, device, dtype, "VAE", open_vae))
 
@@ -252,7 +252,7 @@ class SDVGRewardLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str) -> io.NodeOutput:
-        from ..sdvg.reward_loading import load_image_reward
+        from ..sdvg.loaders.reward import load_image_reward
 
         _host.ensure_image_reward_folder()
         handle = _load_aux("reward", _host.IMAGE_REWARD_FOLDER, model_name, device, None, "reward model", load_image_reward)

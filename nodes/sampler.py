@@ -15,13 +15,13 @@ from contextlib import ExitStack, contextmanager
 import torch
 from comfy_api.latest import io
 
-from ..sdvg.compat import PROFILES
 from ..sdvg.errors import ConfigError
 from ..sdvg.jsonable import to_jsonable
-from ..sdvg.regimes import POSITIONS, REGIMES, CacheConfig
-from ..sdvg.router import runs_model
-from ..sdvg.scheduler import SCHEDULES as NAMED_SCHEDULES
-from ..sdvg.scheduler import STEP_NOISES
+from ..sdvg.sampling.compat import PROFILES
+from ..sdvg.sampling.regimes import POSITIONS, REGIMES, CacheConfig
+from ..sdvg.sampling.router import runs_model
+from ..sdvg.sampling.scheduler import SCHEDULES as NAMED_SCHEDULES
+from ..sdvg.sampling.scheduler import STEP_NOISES
 from . import _host, _models
 from .handles import DiTHandle
 from .stream import BlockStream
@@ -42,8 +42,8 @@ def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: st
                    custom_schedule: str, pipelined: bool = False, refine_from_step: int = 0, profile: str = "sdvg",
                    positions: str = "absolute", step_noise: str = "fresh"):
     """Widget values → a validated engine ``SamplerConfig`` (ConfigError names the problem and the fix)."""
-    from ..sdvg.compat import profile as compat_profile
-    from ..sdvg.sampler import SamplerConfig
+    from ..sdvg.sampling.compat import profile as compat_profile
+    from ..sdvg.sampling.sampler import SamplerConfig
 
     if schedule not in SCHEDULES:
         raise ConfigError(f"Unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}.")
@@ -72,7 +72,7 @@ def _display_id(hidden, node_id: str) -> str:
 
 def _bring_models(config, router, models, handles) -> None:
     """Ask ComfyUI to put every model of this run on its device, with room for what the run allocates there."""
-    from ..sdvg.run_memory import run_memory
+    from ..sdvg.sampling.footprint import run_memory
 
     needs = run_memory(models, cache=config.cache, num_blocks=config.num_blocks, width=config.width,
                        height=config.height, mode=router.mode)
@@ -172,9 +172,9 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 profile: str = "sdvg", positions: str = "absolute", step_noise: str = "fresh",
                 drafter: DiTHandle | None = None,
                 target: DiTHandle | None = None, reward=None, start=None) -> io.NodeOutput:
-        from ..sdvg.conditioning_frames import InitBlocks
-        from ..sdvg.pipeline import SDVGModels
-        from ..sdvg.sampler import SpeculativeSampler
+        from ..sdvg.loaders.bundle import SDVGModels
+        from ..sdvg.sampling.conditioning_frames import InitBlocks
+        from ..sdvg.sampling.sampler import SpeculativeSampler
 
         config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                                 custom_schedule=custom_schedule, pipelined=pipelined, refine_from_step=refine_from_step,

@@ -13,7 +13,7 @@ import time
 import uuid
 
 from ..sdvg.jsonable import json_float, to_jsonable
-from ..sdvg.report import block_kind
+from ..sdvg.outputs.report import block_kind
 from . import _host
 from .preview import PreviewEncoder
 

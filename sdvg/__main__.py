@@ -8,6 +8,6 @@ import sys
 # costs nothing and leaves no worker to join. Set before anything imports numpy, unless the user chose a value.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .cli import main  # noqa: E402
+from .cli.commands import main  # noqa: E402
 
 sys.exit(main())

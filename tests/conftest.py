@@ -38,7 +38,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_models(tiny_dir):
     """All five tiny models loaded once per session on the CPU (fp32)."""
-    from sdvg.pipeline import load_models
+    from sdvg.loaders.bundle import load_models
 
     return load_models(tiny_dir, dit_device="cpu", aux_device="cpu", dtype="fp32")
 
@@ -62,6 +62,6 @@ def tiny_reward_path(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_reward(tiny_reward_path):
     """The tiny ImageReward loaded once (fp32, CPU)."""
-    from sdvg.reward_loading import load_image_reward
+    from sdvg.loaders.reward import load_image_reward
 
     return load_image_reward(tiny_reward_path)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sdvg.cli import main
+from sdvg.cli.commands import main
 
 V, TE = "vae/sdvg_tiny_vae.safetensors", "text_encoders/sdvg_tiny_umt5.safetensors"
 DRAFTER, TARGET = "diffusion_models/sdvg_tiny_drafter.pt", "diffusion_models/sdvg_tiny_target.safetensors"

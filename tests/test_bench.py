@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from sdvg import bench
-from sdvg.cli import main
+from sdvg.cli.commands import main
 from sdvg.errors import ConfigError
-from sdvg.router import Router, RouterConfig
+from sdvg.sampling.router import Router, RouterConfig
 
 
 def measure(calls: list[tuple[str, tuple, float]], wall: float, segments: list[float] | None = None) -> bench.RunMeasure:
@@ -99,7 +99,7 @@ def test_level_pattern_is_exact_and_drives_the_pattern_router(n, level):
 
 
 def test_pattern_counts_follow_each_regimes_policy():
-    from sdvg.regimes import CacheConfig
+    from sdvg.sampling.regimes import CacheConfig
 
     steps, accept = [4, 3, 2, 2], [True, False, True]
     glob = bench.pattern_counts(accept, steps=steps, policy=CacheConfig("global").policy(), scored=False)
@@ -345,9 +345,9 @@ def test_paper_ratio_profile_sizing_and_rows():
     what sets the ratio on a CPU (per-op overhead does), so this only checks the sizing the profile documents and
     that its rows are the scored and hybrid sweeps; `bench --profile paper-ratio` measures the ratios."""
     from sdvg.bench.cli import settings_from_args
-    from sdvg.cli import build_parser
+    from sdvg.cli.commands import build_parser
     from sdvg.fixtures.paper_ratio import PAPER_DRAFTER_CONFIG, PAPER_TARGET_CONFIG, REAL_RATIOS
-    from sdvg.wan_keys import original_key_shapes
+    from sdvg.loaders.wan_keys import original_key_shapes
 
     def params(cfg):
         return sum(math.prod(s) for s in original_key_shapes(cfg).values())

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdvg.causal import BlockDenoiser
-from sdvg.dit import CausalWanTransformer
 from sdvg.errors import CancelledError, ConfigError
-from sdvg.history import BlockHistory, HistoryBlock
-from sdvg.regimes import CacheConfig, CacheRegime
-from sdvg.scheduler import FlowMatchScheduler, build_step_schedule, renoise, sample_block_noise, to_x0
+from sdvg.models.dit import CausalWanTransformer
+from sdvg.sampling.causal import BlockDenoiser
+from sdvg.sampling.history import BlockHistory, HistoryBlock
+from sdvg.sampling.regimes import CacheConfig, CacheRegime
+from sdvg.sampling.scheduler import FlowMatchScheduler, build_step_schedule, renoise, sample_block_noise, to_x0
 
 CFG = dict(
     patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16, out_channels=16,

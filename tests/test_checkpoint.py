@@ -16,10 +16,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from sdvg import checkpoint as ck
-from sdvg import file_checks as fc
-from sdvg import safetensors_io as stio
 from sdvg.errors import ModelFileError
+from sdvg.loaders import checkpoint as ck
+from sdvg.loaders import file_checks as fc
+from sdvg.loaders import safetensors_io as stio
 
 GIB = 2**30
 

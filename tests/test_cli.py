@@ -10,8 +10,8 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from sdvg.cli import main
-from sdvg.video import read_mp4_frame_count
+from sdvg.cli.commands import main
+from sdvg.outputs.video import read_mp4_frame_count
 
 
 def test_generate_writes_all_outputs(tiny_dir, tmp_path, capsys):

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdvg.causal import BlockDenoiser
-from sdvg.checkpoint import unwrap_state_dict
-from sdvg.compat import PROFILES, Compat, profile
 from sdvg.errors import ConfigError
-from sdvg.regimes import CacheConfig
-from sdvg.router import Router, RouterConfig, quantile
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
-from sdvg.scheduler import FlowMatchScheduler, build_step_schedule, renoise, sample_block_noise, to_x0
-from sdvg.vae import StreamingVAE
+from sdvg.loaders.checkpoint import unwrap_state_dict
+from sdvg.models.vae import StreamingVAE
+from sdvg.sampling.causal import BlockDenoiser
+from sdvg.sampling.compat import PROFILES, Compat, profile
+from sdvg.sampling.regimes import CacheConfig
+from sdvg.sampling.router import Router, RouterConfig, quantile
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.sampling.scheduler import FlowMatchScheduler, build_step_schedule, renoise, sample_block_noise, to_x0
 from tests.inputs import latents as _lat
 
 PROMPT = "a red fox running through snow"
@@ -116,7 +116,7 @@ def test_block0_six_frames_drops_the_first_three_and_keeps_them_as_context(tiny_
 # ---- 4. which weights of a training .pt -------------------------------------------------------------------------
 
 def test_pt_weights_picks_generator_or_ema(tiny_dir):
-    from sdvg.wan_loading import load_dit
+    from sdvg.loaders.wan import load_dit
 
     sd = {"w": torch.zeros(2)}
     obj = {"generator": sd, "generator_ema": {"w": torch.ones(2)}}

@@ -7,8 +7,8 @@ import pytest
 import torch
 from diffusers import WanTransformer3DModel
 
-from sdvg.dit import CausalWanTransformer, sinusoidal_embedding
 from sdvg.errors import ConfigError
+from sdvg.models.dit import CausalWanTransformer, sinusoidal_embedding
 
 CFG = dict(
     patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16, out_channels=16,

@@ -21,10 +21,10 @@ def _rows(path):
 
 
 def test_ray_eval_with_two_actors_equals_the_single_process_csv(tiny_dir, tmp_path):
-    from sdvg import evaluate as ev
-    from sdvg.eval_ray import evaluate_ray
-    from sdvg.pipeline import load_models
-    from sdvg.sampler import SamplerConfig
+    from sdvg.eval import run as ev
+    from sdvg.eval.ray import evaluate_ray
+    from sdvg.loaders.bundle import load_models
+    from sdvg.sampling.sampler import SamplerConfig
 
     prompts = ["a red fox running through snow", "a lighthouse at dusk", "a bowl of fruit on a table"]
     config = SamplerConfig(num_blocks=2, width=32, height=32)

@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 import torch
 
-from sdvg import evaluate as ev
-from sdvg.cli import main
+from sdvg.cli.commands import main
 from sdvg.errors import ConfigError
-from sdvg.sampler import SamplerConfig
+from sdvg.eval import run as ev
+from sdvg.sampling.sampler import SamplerConfig
 
 PROMPTS = ["a red fox running through snow", "a city street at night with neon lights"]
 CONFIG = SamplerConfig(num_blocks=2, width=64, height=64)
@@ -28,7 +28,7 @@ def keys(rows):
 
 def test_eval_resumes_without_duplicates_and_writes_outputs(tiny_models, tmp_path):
     out = tmp_path / "eval"
-    metric = [ev.load_metric("sdvg.evaluate:temporal_flicker")]
+    metric = [ev.load_metric("sdvg.eval.run:temporal_flicker")]
     first = ev.evaluate(tiny_models, PROMPTS, out, taus=(-0.5,), sampler_config=CONFIG, metrics=metric, max_rows=3,
                         save_videos=True, warmup=False)
     assert first["written"] == 3 and not first["complete"]
@@ -106,9 +106,9 @@ def test_metric_hook_discovers_columns_and_refuses_a_changed_set(tiny_models, tm
 
 
 def test_load_metric_and_inputs():
-    label, fn = ev.load_metric("sdvg.evaluate:temporal_flicker")
+    label, fn = ev.load_metric("sdvg.eval.run:temporal_flicker")
     assert fn(torch.zeros(3, 4, 4, 3), "p") == {"flicker": 0.0}
-    for bad in ("nocolon", "sdvg.evaluate:missing", "sdvg_no_such_module_xyz:f", "sdvg.evaluate:DEFAULT_TAUS"):
+    for bad in ("nocolon", "sdvg.eval.run:missing", "sdvg_no_such_module_xyz:f", "sdvg.eval.run:DEFAULT_TAUS"):
         with pytest.raises(ConfigError):
             ev.load_metric(bad)
     with pytest.raises(ConfigError):
@@ -205,8 +205,8 @@ def test_a_plan_with_nothing_to_run_is_refused(tmp_path, prompts, taus, methods,
 
 
 def test_bootstrap_interval_is_seeded_and_covers_the_mean():
-    from sdvg.eval_summary import summarize
-    from sdvg.stats import bootstrap_ci, mean_or_none
+    from sdvg.eval.stats import bootstrap_ci, mean_or_none
+    from sdvg.eval.summary import summarize
 
     rng = __import__("random").Random(3)
     values = [rng.gauss(0.5, 1.0) for _ in range(40)]

@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sdvg.cli import main
+from sdvg.cli.commands import main
 from sdvg.errors import ConfigError, RunFailed
-from sdvg.pipeline import SDVGModels
-from sdvg.regimes import CacheConfig
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.loaders.bundle import SDVGModels
+from sdvg.sampling.regimes import CacheConfig
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 
 PROMPT = "a red fox running through snow"
 
@@ -185,7 +185,7 @@ def test_our_own_safetensors_output_may_be_overwritten(tiny_dir, tmp_path):
 
 def test_a_failing_video_write_still_writes_the_report_and_leaves_no_broken_file(tiny_dir, tmp_path, monkeypatch,
                                                                                  capsys):
-    from sdvg import video
+    from sdvg.outputs import video
 
     def disk_full(self, frames):  # the disk fills up while the first block is encoded
         raise OSError(28, "No space left on device")
@@ -200,7 +200,7 @@ def test_a_failing_video_write_still_writes_the_report_and_leaves_no_broken_file
 
 
 def test_a_fault_mid_run_writes_the_finished_blocks_and_exits_2(tiny_dir, tmp_path, monkeypatch, capsys):
-    from sdvg.reward import ImageReward
+    from sdvg.models.reward import ImageReward
 
     calls = {"n": 0}
     score = ImageReward.score
@@ -219,7 +219,7 @@ def test_a_fault_mid_run_writes_the_finished_blocks_and_exits_2(tiny_dir, tmp_pa
     assert code == 2 and "error: Block 2 failed in the reward model (ImageReward)" in err and "device-side" in err
     data = json.loads(report.read_text())
     assert data["partial"] is True and [b["block"] for b in data["blocks"]] == [0, 1]
-    from sdvg.video import read_mp4_frame_count
+    from sdvg.outputs.video import read_mp4_frame_count
 
     assert read_mp4_frame_count(out) == 21
 

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from sdvg.hooks import Call, Hooks
-from sdvg.regimes import CacheConfig
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.sampling.calls import Call, Hooks
+from sdvg.sampling.regimes import CacheConfig
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 
 
 class Recorder:

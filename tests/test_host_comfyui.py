@@ -42,7 +42,7 @@ def models_dir(tmp_path_factory):
     from safetensors.torch import save_file
 
     from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, TINY_TEXT_DIM, random_original_state_dict
-    from sdvg.wan_keys import META_NUM_HEADS
+    from sdvg.loaders.wan_keys import META_NUM_HEADS
 
     config = dict(TINY_TARGET_CONFIG, text_dim=TINY_TEXT_DIM * 2)
     save_file({"model." + k: v for k, v in random_original_state_dict(config, seed=99).items()},
@@ -56,7 +56,7 @@ def models_dir(tmp_path_factory):
     # a DiT core's Load Diffusion Model detects (unprefixed original keys, head dim 128, freq dim 256, text dim 4096)
     # and a text encoder as wide as its text embedding
     from sdvg.fixtures.tiny import write_tiny_text_encoder
-    from sdvg.wan_keys import make_config
+    from sdvg.loaders.wan_keys import make_config
 
     core_cfg = make_config(4, 128, 16, 16, 4096, 256, 256, 2, (1, 2, 2))
     save_file(random_original_state_dict(core_cfg, seed=77), str(root / "diffusion_models" / "sdvg_core_wan.safetensors"))
@@ -174,8 +174,8 @@ def test_tiny_workflow_streams_blocks_and_saves_a_video(server, models_dir):
 def test_toy_workflow_runs_as_shipped_and_its_video_shows_the_caption(server):
     """The toy CPU workflow needs no model files of the user's (the pack adds its toy models to ComfyUI's folders);
     its saved video is read back and judged against its caption."""
+    from sdvg.outputs.video import read_video_frames
     from sdvg.toy.judge import judge
-    from sdvg.video import read_video_frames
 
     prompt = json.loads((REPO / "tests" / "workflows" / "sdvg_toy_cpu.api.json").read_text(encoding="utf-8"))
     log = server.run(prompt)
@@ -217,7 +217,7 @@ def test_cancel_with_keep_finished_blocks_saves_them_and_the_prompt_completes(se
     assert 1 <= finished < 40
     saved = [o for o in log.of("executed") if o["output"] and "images" in o["output"] and o["output"].get("animated")]
     files = [Path(server.tmp) / "out" / i["subfolder"] / i["filename"] for o in saved for i in o["output"]["images"]]
-    from sdvg.video import read_mp4_frame_count
+    from sdvg.outputs.video import read_mp4_frame_count
 
     assert files and read_mp4_frame_count(files[-1]) == 12 * finished - 3  # exactly the finished blocks, saved
     assert server.alive()

@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
-from sdvg.causal import BlockDenoiser
 from sdvg.errors import ConfigError
-from sdvg.regimes import CacheConfig
-from sdvg.router import Router, RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
-from sdvg.scheduler import FlowMatchScheduler, build_step_schedule, sample_block_noise
+from sdvg.sampling.causal import BlockDenoiser
+from sdvg.sampling.regimes import CacheConfig
+from sdvg.sampling.router import Router, RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.sampling.scheduler import FlowMatchScheduler, build_step_schedule, sample_block_noise
 
 PROMPT = "a red fox running through snow"
 

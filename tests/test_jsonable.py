@@ -8,8 +8,8 @@ import math
 import torch
 
 from sdvg.jsonable import from_json_float, json_float, to_jsonable
-from sdvg.regimes import CacheRegime
-from sdvg.results import BlockRecord
+from sdvg.sampling.regimes import CacheRegime
+from sdvg.sampling.results import BlockRecord
 
 
 def test_non_finite_floats_become_strings_and_come_back():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
-from sdvg.kv_cache import SelfKVCache, kv_cache_nbytes
+from sdvg.models.kv_cache import SelfKVCache, kv_cache_nbytes
 
 
 def _marked_cache(**kw) -> SelfKVCache:

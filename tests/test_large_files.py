@@ -15,7 +15,7 @@ import torch
 
 from sdvg import memory
 from sdvg.errors import ConfigError
-from sdvg.wan_loading import build_dit_from_state_dict, inspect_dit_checkpoint, load_dit
+from sdvg.loaders.wan import build_dit_from_state_dict, inspect_dit_checkpoint, load_dit
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -56,8 +56,8 @@ def test_inspect_command_is_fast_and_small_even_with_little_address_space(krea_1
         "resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))\n"
         "def hwm():  # this process's own peak RSS (ru_maxrss would carry the forking parent's over exec)\n"
         "    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
-        "from sdvg.model_info import describe_model_file\n"
-        "import sdvg.wan_loading  # the imports (diffusers' modules) are not the inspection\n"
+        "from sdvg.loaders.model_info import describe_model_file\n"
+        "import sdvg.loaders.wan  # the imports (diffusers' modules) are not the inspection\n"
         "before = hwm()\n"
         "t = time.perf_counter(); text = describe_model_file(sys.argv[1]); dt = time.perf_counter() - t\n"
         "print(dt, hwm() - before, hwm()); print(text)\n"
@@ -91,7 +91,7 @@ def test_streaming_load_reads_no_map_and_equals_the_eager_load(tiny_dir, monkeyp
     import safetensors
     from safetensors.torch import load_file
 
-    from sdvg.wan_keys import original_to_diffusers
+    from sdvg.loaders.wan_keys import original_to_diffusers
 
     path = tiny_dir / "diffusion_models" / "sdvg_tiny_target.safetensors"
     eager_sd = original_to_diffusers({k.removeprefix("model."): v for k, v in load_file(str(path)).items()})

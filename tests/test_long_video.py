@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
-from sdvg.regimes import CacheConfig
-from sdvg.retention import CATCH_UP_BACKLOG
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.sampling.regimes import CacheConfig
+from sdvg.sampling.retention import CATCH_UP_BACKLOG
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 
 PROMPT = "a red fox running through snow"
 SIZE = 16

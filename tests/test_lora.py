@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sdvg import wan_loading as wl
 from sdvg.errors import ConfigError, ModelFileError
 from sdvg.fixtures import loras as fl
 from sdvg.fixtures import tiny
-from sdvg.lora import LoraSpec, describe_lora, parse_lora_arg
-from sdvg.model_info import describe_model_file
+from sdvg.loaders import wan as wl
+from sdvg.loaders.lora import LoraSpec, describe_lora, parse_lora_arg
+from sdvg.loaders.model_info import describe_model_file
 
 CFG = tiny.TINY_DRAFTER_CONFIG
 
@@ -182,8 +182,9 @@ def test_inspect_recognises_a_lora(lora_files, fmt, layout):
 
 def test_cli_merges_loras_and_offloads_and_refuses_a_wrong_lora_before_loading(tiny_dir, tmp_path, lora_files,
                                                                                capsys, monkeypatch):
-    from sdvg import pipeline, text_encoder
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
+    from sdvg.loaders import bundle as pipeline
+    from sdvg.models import text_encoder
 
     base = ["generate", "--prompt", "a cat", "--models", str(tiny_dir), "--device", "cpu", "--blocks", "2",
             "--width", "32", "--height", "32",
@@ -221,7 +222,7 @@ def test_cli_merges_loras_and_offloads_and_refuses_a_wrong_lora_before_loading(t
 
 
 def test_every_missing_model_file_is_named_at_once(tmp_path, capsys):
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
 
     missing = {r: tmp_path / f"{r}.safetensors" for r in ("target", "drafter", "vae")}
     code = main(["generate", "--prompt", "x", "--out", str(tmp_path / "v.mp4"), "--target", str(missing["target"]),

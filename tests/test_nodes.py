@@ -299,8 +299,8 @@ def test_models_are_loaded_once_while_held_and_registered_with_the_host(tiny_hos
 
 
 def test_a_run_brings_its_models_with_the_memory_it_will_allocate(tiny_host, tiny_nodes):
-    from sdvg.regimes import CacheConfig
-    from sdvg.run_memory import run_memory
+    from sdvg.sampling.footprint import run_memory
+    from sdvg.sampling.regimes import CacheConfig
 
     load = tiny_nodes["SDVGModelLoader"].execute
     held = [load(model_name=name, weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
@@ -312,7 +312,7 @@ def test_a_run_brings_its_models_with_the_memory_it_will_allocate(tiny_host, tin
     assert sorted(names) == ["dit sdvg_tiny_drafter.pt", "dit sdvg_tiny_target.safetensors",
                              "reward sdvg_tiny_image_reward.pt", "vae sdvg_tiny_vae.safetensors"]
     assert full is True
-    from sdvg.pipeline import SDVGModels
+    from sdvg.loaders.bundle import SDVGModels
 
     models = SDVGModels(drafter=held[0].model, target=held[1].model, vae=held[2].model)
     expected = run_memory(models, cache=CacheConfig("recompute"), num_blocks=2, width=64, height=64, mode="reward")
@@ -356,7 +356,7 @@ def test_sampler_config_errors_are_clear(tiny_host, tiny_nodes):
 def test_block_events_tell_the_three_outcomes_apart(tiny_host, tiny_nodes):
     """accept (draft kept), reject (draft rejected, target regenerated), forced (target, no draft) — from
     produced_by / drafted, exactly as the report's block_kind; random routing at 0.5 gives a fixed mix per seed."""
-    from sdvg.report import block_kind
+    from sdvg.outputs.report import block_kind
 
     out, _router = _run_tiny(tiny_nodes, blocks=6, mode="random", seed=3)
     events = tiny_host.events_of("sdvg.block")
@@ -418,7 +418,7 @@ def _write_dit_with_text_dim(models_dir, text_dim: int) -> str:
     from safetensors.torch import save_file
 
     from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, random_original_state_dict
-    from sdvg.wan_keys import META_NUM_HEADS
+    from sdvg.loaders.wan_keys import META_NUM_HEADS
 
     config = dict(TINY_TARGET_CONFIG, text_dim=text_dim)
     sd = random_original_state_dict(config, seed=99)
@@ -633,8 +633,8 @@ def test_the_readme_names_the_nodes_as_comfyui_shows_them(nodes):
 def test_lora_chain_reads_the_dit_once_with_every_lora_merged(tiny_host, tiny_nodes, tiny_root):
     from sdvg.fixtures.loras import lora_factors, write_lora
     from sdvg.fixtures.tiny import TINY_TARGET_CONFIG
-    from sdvg.lora import LoraSpec
-    from sdvg.wan_loading import load_dit
+    from sdvg.loaders.lora import LoraSpec
+    from sdvg.loaders.wan import load_dit
 
     loras = tiny_root / "loras"
     a = write_lora(loras / "style_a.safetensors", lora_factors(TINY_TARGET_CONFIG, seed=1), "kohya")

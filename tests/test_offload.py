@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from sdvg import wan_loading as wl
 from sdvg.errors import ConfigError
 from sdvg.fixtures import tiny
-from sdvg.offload import SLOTS, BlockOffloader, dit_offload_plan, parse_offload, resident_blocks
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
-from sdvg.wan_keys import config_for_size
+from sdvg.loaders import wan as wl
+from sdvg.loaders.wan_keys import config_for_size
+from sdvg.models.offload import SLOTS, BlockOffloader, dit_offload_plan, parse_offload, resident_blocks
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_offloaded_target_is_bit_identical(dits, resident):
 
 
 def test_moving_an_offloaded_model_keeps_the_streamed_blocks_in_storage(dits):
-    from sdvg.offload import move_model
+    from sdvg.models.offload import move_model
 
     plain = wl.load_dit(dits["target"], dtype="fp32")
     off = wl.load_dit(dits["target"], dtype="fp32", offload_blocks=1)

@@ -8,8 +8,8 @@ from safetensors.torch import save_file
 
 from sdvg.errors import ConfigError, ModelFileError
 from sdvg.fixtures import tiny
-from sdvg.pipeline import check_text_width, load_models
-from sdvg.wan_keys import META_NUM_HEADS, make_config
+from sdvg.loaders.bundle import check_text_width, load_models
+from sdvg.loaders.wan_keys import META_NUM_HEADS, make_config
 
 
 def _write_dit(path, *, text_dim: int = tiny.TINY_TEXT_DIM, patch=(1, 2, 2)):

@@ -11,10 +11,10 @@ import torch
 
 from sdvg.blocks import pixel_frames_for_blocks
 from sdvg.errors import ConfigError
-from sdvg.prompt_schedule import PromptSchedule
-from sdvg.regimes import CacheConfig
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.sampling.prompt_schedule import PromptSchedule
+from sdvg.sampling.regimes import CacheConfig
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 
 A, B, C = "a red fox running through snow", "the fox jumps over a frozen river", "an owl flies over the trees"
 TIMELINE = f"0:{A}|2:{B}|4:{C}"
@@ -92,7 +92,7 @@ def test_pipelined_timeline_equals_plain(tiny_models):
 
 
 def test_cli_prompt_schedule_marks_the_switch(tiny_dir, tmp_path, capsys):
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
 
     report, timeline = tmp_path / "r.json", tmp_path / "t.png"
     args = ["generate", "--prompt-schedule", f"0:{A}|2:{B}", "--models", str(tiny_dir), "--device", "cpu",

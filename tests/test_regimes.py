@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sdvg.errors import ConfigError
-from sdvg.regimes import CacheConfig, CacheLayout, CacheRegime, GlobalCache, NoisyCache, RecomputeCache
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.sampling.regimes import CacheConfig, CacheLayout, CacheRegime, GlobalCache, NoisyCache, RecomputeCache
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 
 PROMPT = "a red fox running through snow"
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from sdvg.errors import ConfigError
-from sdvg.reward import (
+from sdvg.loaders.reward import load_image_reward
+from sdvg.models.reward import (
     CLIP_MEAN,
     CLIP_STD,
     MAX_PROMPT_TOKENS,
@@ -20,7 +21,6 @@ from sdvg.reward import (
     ImageReward,
     ImageRewardConfig,
 )
-from sdvg.reward_loading import load_image_reward
 from tests.inputs import frames
 
 PROMPT = "a red car on a city street at night"
@@ -260,7 +260,7 @@ def test_reference_forward_parity(tiny_reward, tiny_reward_path):
 
 
 def test_router_early_exit_with_score_chunks(tiny_reward):
-    from sdvg.router import Router, RouterConfig
+    from sdvg.sampling.router import Router, RouterConfig
 
     x = frames(12, 40, 72, seed=11)
     full = tiny_reward.score(x, PROMPT)

@@ -12,8 +12,7 @@ import torch
 
 from sdvg.errors import ConfigError, ModelFileError
 from sdvg.fixtures.tiny import write_tiny_image_reward
-from sdvg.reward import ImageRewardConfig, build_mlp, build_modules
-from sdvg.reward_loading import (
+from sdvg.loaders.reward import (
     SAFETENSORS_CONFIG_KEY,
     UNUSED_KEYS,
     check_vocab_size,
@@ -21,6 +20,7 @@ from sdvg.reward_loading import (
     load_image_reward,
     map_official_keys,
 )
+from sdvg.models.reward import ImageRewardConfig, build_mlp, build_modules
 from tests.inputs import frames
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -208,7 +208,7 @@ def test_load_dtype_and_device_strings(tiny_reward, tiny_reward_path):
 
 
 def test_find_checkpoint(tiny_reward_path, tmp_path):
-    from sdvg.reward_loading import find_checkpoint
+    from sdvg.loaders.reward import find_checkpoint
 
     assert find_checkpoint(tiny_reward_path.parent) == tiny_reward_path
     (tmp_path / "ImageReward.pt").write_bytes(b"")

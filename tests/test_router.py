@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
-from sdvg.router import (
+from sdvg.sampling.router import (
     FORCE_FIRST_REASON,
     Router,
     RouterConfig,

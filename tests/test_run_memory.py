@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdvg import run_memory as rm
 from sdvg.blocks import FRAMES_PER_BLOCK
-from sdvg.causal import BlockDenoiser
-from sdvg.regimes import REGIMES, CacheConfig
-from sdvg.run_memory import cross_attn_bytes, kv_cache_bytes, run_memory, vae_cache_bytes
+from sdvg.sampling import footprint as rm
+from sdvg.sampling.causal import BlockDenoiser
+from sdvg.sampling.footprint import cross_attn_bytes, kv_cache_bytes, run_memory, vae_cache_bytes
+from sdvg.sampling.regimes import REGIMES, CacheConfig
 
 
 @pytest.mark.parametrize("regime", REGIMES)

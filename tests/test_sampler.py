@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from sdvg.blocks import pixel_frames_for_blocks
-from sdvg.causal import BlockDenoiser
 from sdvg.errors import ConfigError
-from sdvg.history import BlockHistory, HistoryBlock
-from sdvg.regimes import CacheConfig, CacheRegime
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
-from sdvg.scheduler import sample_block_noise
+from sdvg.sampling.causal import BlockDenoiser
+from sdvg.sampling.history import BlockHistory, HistoryBlock
+from sdvg.sampling.regimes import CacheConfig, CacheRegime
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.sampling.scheduler import sample_block_noise
 
 PROMPT = "a red fox running through snow"
 REGIMES = [CacheRegime.RECOMPUTE, CacheRegime.GLOBAL, CacheRegime.NOISY]
@@ -53,7 +53,7 @@ def test_accept_all_equals_drafter_conditioned_on_target_block0(tiny_models):
     history = BlockHistory()
     b0 = ref.latents[:, :, :3]
     history.append(HistoryBlock(index=0, x0=b0, last_noisy=b0, last_t=0.0, token=-1))
-    from sdvg.scheduler import FlowMatchScheduler, build_step_schedule
+    from sdvg.sampling.scheduler import FlowMatchScheduler, build_step_schedule
 
     steps = build_step_schedule("constant", 4, FlowMatchScheduler())
     for b in range(1, 4):
@@ -192,8 +192,8 @@ def test_target_only_estimate_prices_forwards_decodes_and_reencodes_apart():
     """The report's estimated target-only time: (steps + refill) forwards per block at the mean target forward time,
     one decode per block, and one first-frame re-encode per block from block 2 on (recompute regime), each priced
     by its own measured mean — the encode time is not folded into the forwards."""
-    from sdvg.meter import estimate_totals
-    from sdvg.results import BlockRecord
+    from sdvg.sampling.meter import estimate_totals
+    from sdvg.sampling.results import BlockRecord
 
     records = [BlockRecord(block=b, decision="accept", reason="", produced_by="target", steps=4,
                            timings={"decode": 0.1}) for b in range(4)]

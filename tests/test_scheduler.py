@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
-from sdvg.scheduler import (
+from sdvg.sampling.scheduler import (
     FlowMatchScheduler,
     block_seed,
     build_step_schedule,
@@ -124,7 +124,7 @@ def test_x0_and_renoise():
 
 def test_predicted_step_noise_is_an_euler_step_of_the_flow_ode():
     """Re-noising the x0 prediction with the predicted noise is exactly x_t + (σ' − σ)·v (step_noise='predicted')."""
-    from sdvg.scheduler import renoise, to_eps, to_x0
+    from sdvg.sampling.scheduler import renoise, to_eps, to_x0
 
     gen = torch.Generator().manual_seed(0)
     x, v = torch.randn(2, 16, 3, 4, 4, generator=gen), torch.randn(2, 16, 3, 4, 4, generator=gen)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sdvg import text_encoder as te
 from sdvg.errors import ModelFileError
 from sdvg.fixtures import tiny
+from sdvg.models import text_encoder as te
 
 PROMPT = "A red fox runs through fresh snow at sunrise."
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
-from sdvg.patch_vae import PatchLatentModel, PatchVAE, fit_patch_bases, is_patch_vae_file, write_patch_vae
+from sdvg.models.patch_vae import PatchLatentModel, PatchVAE, fit_patch_bases, is_patch_vae_file, write_patch_vae
 from sdvg.toy.judge import judge, judge_metric, validate_judge
 from sdvg.toy.world import (
     CLIP_FRAMES,
@@ -80,7 +80,7 @@ def test_patch_vae_round_trip_streams_like_the_wan_vae(patch_vae, tmp_path):
     # encode_frame is the first latent frame of a video
     assert torch.allclose(patch_vae.encode_frame(clip[:1]), z[:, :, :1], atol=1e-5)
     # the file is recognised by its metadata and opened as the streaming VAE
-    from sdvg.vae_open import open_vae
+    from sdvg.loaders.vae_open import open_vae
 
     path = write_patch_vae(patch_vae.tensors(), tmp_path / "vae" / "toy.safetensors")
     assert is_patch_vae_file(path)
@@ -131,8 +131,8 @@ def test_toy_train_smoke_writes_real_formats_that_load_and_generate(tmp_path):
     """`python -m sdvg toy train --max-steps 20`: every stage runs, the losses fall, the files are the real formats
     (Krea-style safetensors target, Self-Forcing .pt drafter, Comfy-Org UMT5, ImageReward .pt critic) and the
     sampler runs them; a rerun resumes (skips every finished stage)."""
-    from sdvg.checkpoint import torch_load
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
+    from sdvg.loaders.checkpoint import torch_load
     from sdvg.toy.train import FILES
 
     out, work = tmp_path / "models", tmp_path / "work"
@@ -150,8 +150,8 @@ def test_toy_train_smoke_writes_real_formats_that_load_and_generate(tmp_path):
     assert main(["toy", "train", "--out", str(out), "--work", str(work), "--max-steps", "20"]) == 0
     assert mtimes == {p: (out / p).stat().st_mtime_ns for p in FILES.values()}
 
-    from sdvg.patch_vae import PatchVAE
-    from sdvg.reward_loading import load_image_reward
+    from sdvg.loaders.reward import load_image_reward
+    from sdvg.models.patch_vae import PatchVAE
     from sdvg.toy.sheet import load_toy_models, run_toy
 
     models = load_toy_models(out)
@@ -178,7 +178,7 @@ TOY = "a green circle moving down on a black background"
 
 
 def test_generate_defaults_to_the_toy_models_and_a_given_file_replaces_its_role(tmp_path, tiny_reward_path, capsys):
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
 
     out, rep = tmp_path / "v.mp4", tmp_path / "r.json"
     assert main(["generate", "--prompt", TOY, "--device", "cpu", "--blocks", "2", "--tau", "1.25",
@@ -195,7 +195,7 @@ def test_generate_defaults_to_the_toy_models_and_a_given_file_replaces_its_role(
 def test_eval_world_toy_writes_judge_columns_and_refine_rows(tmp_path):
     import csv
 
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
 
     out = tmp_path / "ev"
     assert main(["eval", "--world", "toy", "--out", str(out), "--limit", "2", "--taus", "1.25", "--blocks", "2",

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
-from sdvg.scheduler import FlowMatchScheduler, build_step_schedule
+from sdvg.loaders.wan import load_dit
+from sdvg.sampling.scheduler import FlowMatchScheduler, build_step_schedule
 from sdvg.toy.preset import toy_files
 from sdvg.train.config import load_config
 from sdvg.train.dmd import MotionMatcher, ScoreNoise, dmd_gradients, fake_score_loss, generator_loss
 from sdvg.train.rollout import RolloutNoise, TrainForward, rollout, student_x0
-from sdvg.wan_loading import load_dit
 
 SHAPE = (2, 16, 9, 8, 8)  # 2 videos, 3 blocks of the toy world's latents
 
@@ -122,7 +122,7 @@ def test_config_file_overrides_and_errors(tmp_path):
     (["--data", "/nope/prompts"], "does not exist"),
 ])
 def test_bad_training_input_exits_2_before_loading(tmp_path, capsys, argv, message):
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
 
     args = ["train", "diagonal", "--out", str(tmp_path / "o"), *argv]
     if argv[0] == "--data":
@@ -156,8 +156,8 @@ def test_train_smoke_losses_fall_resume_and_the_student_loads_in_the_sampler(tmp
     """`python -m sdvg train diagonal --max-steps N` on the toy world: the fake score fits the student's videos
     (its loss on a fixed probe batch falls), a rerun with more steps resumes, student.pt is Self-Forcing's layout and
     the CLI generates with it as the drafter on its diagonal schedule."""
-    from sdvg.checkpoint import torch_load
-    from sdvg.cli import main
+    from sdvg.cli.commands import main
+    from sdvg.loaders.checkpoint import torch_load
 
     out = tmp_path / "dd"
     (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 16}))

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from sdvg.conditioning_frames import InitBlocks, VideoToVideo
 from sdvg.errors import ConfigError
-from sdvg.regimes import CacheConfig
-from sdvg.router import RouterConfig
-from sdvg.sampler import SamplerConfig, SpeculativeSampler
+from sdvg.sampling.conditioning_frames import InitBlocks, VideoToVideo
+from sdvg.sampling.regimes import CacheConfig
+from sdvg.sampling.router import RouterConfig
+from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 
 PROMPT = "a red fox running through snow"
 
@@ -65,8 +65,8 @@ def test_partial_strength_is_seeded_and_runs_the_truncated_schedule(tiny_models,
 def test_cli_init_video(tiny_dir, tmp_path, capsys):
     import json
 
-    from sdvg.cli import main
-    from sdvg.video import read_mp4_frame_count
+    from sdvg.cli.commands import main
+    from sdvg.outputs.video import read_mp4_frame_count
 
     common = ["generate", "--prompt", PROMPT, "--models", str(tiny_dir), "--device", "cpu", "--blocks", "2",
               "--schedule", "1000,500"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
-from sdvg.vae import StreamingVAE, VAEState, latent_to_pixel_frames
+from sdvg.models.vae import StreamingVAE, VAEState, latent_to_pixel_frames
 from tests.inputs import latents as _lat
 
 H = W = 2  # latent size of most tests: 16x16 pixels keeps the suite fast

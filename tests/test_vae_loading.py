@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 
 from sdvg.errors import ConfigError, ModelFileError
 from sdvg.fixtures.tiny import TINY_VAE_CONFIG, build_tiny_vae_model, write_tiny_vae
-from sdvg.vae import StreamingVAE
-from sdvg.vae_loading import wan_vae_to_original_keys
+from sdvg.loaders.vae import wan_vae_to_original_keys
+from sdvg.models.vae import StreamingVAE
 from tests.inputs import latents as _lat
 
 
@@ -134,7 +134,7 @@ def test_bad_dtype_and_device(tiny_vae_path):
 
 def test_real_wan21_layout_is_inferred_from_shapes():
     """The full-size Wan 2.1 VAE (built on the meta device) round-trips through both key layouts."""
-    from sdvg.vae_loading import build_vae_model, infer_vae_config
+    from sdvg.loaders.vae import build_vae_model, infer_vae_config
 
     with torch.device("meta"):
         real = AutoencoderKLWan()

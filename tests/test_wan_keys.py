@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sdvg import wan_keys as wk
 from sdvg.errors import ModelFileError
 from sdvg.fixtures import tiny
+from sdvg.loaders import wan_keys as wk
 
 DATA = Path(__file__).resolve().parent / "data"
 

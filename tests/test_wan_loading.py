@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sdvg import wan_keys as wk
-from sdvg import wan_loading as wl
 from sdvg.errors import ModelFileError
 from sdvg.fixtures import tiny
+from sdvg.loaders import wan as wl
+from sdvg.loaders import wan_keys as wk
 
 DATA = Path(__file__).resolve().parent / "data"
 CFG = tiny.TINY_DRAFTER_CONFIG

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..run_memory import cross_attn_bytes
+from ..sampling.footprint import cross_attn_bytes
 
 GIB = 2**30
 CARD_BYTES = 24 * GIB
@@ -25,8 +25,8 @@ UMT5_XXL_PARAMS = 256384 * 4096 + 24 * (4 * 4096 * 4096 + 3 * 4096 * 10240)
 
 def _fp8_model(model):
     """The meta twin of ``model`` with the loader's fp8 storage dtypes."""
-    from ..wan_keys import CONFIG_KEYS
-    from ..wan_loading import empty_dit, to_fp8_storage
+    from ..loaders.wan import empty_dit, to_fp8_storage
+    from ..loaders.wan_keys import CONFIG_KEYS
 
     twin = empty_dit({k: model.config[k] for k in CONFIG_KEYS})
     to_fp8_storage(twin)

@@ -9,11 +9,11 @@ from dataclasses import asdict, replace
 
 import torch
 
-from ..compat import add_compat_args, compat_from_args
 from ..devices import resolve_device, set_cpu_threads
 from ..errors import ConfigError
 from ..jsonable import to_jsonable
-from ..outputs import plan_outputs, write_atomic
+from ..outputs.files import plan_outputs, write_atomic
+from ..sampling.compat import add_compat_args, compat_from_args
 from .real_size import REAL_HEIGHT, REAL_SIZE_NOTES, REAL_WIDTH, format_plan, memory_plan
 from .report import SCHEMA, format_table, render_plot
 from .runner import BenchSettings, run_bench, run_once
@@ -131,7 +131,7 @@ def _json_default(obj):
 def _cmd_tiny(args, s: BenchSettings) -> int:
     from ..fixtures.paper_ratio import ensure_paper_ratio
     from ..fixtures.tiny import ensure_tiny
-    from ..pipeline import load_models
+    from ..loaders.bundle import load_models
 
     device = resolve_device(args.device or "cpu", what="bench models")
     s.threads = set_cpu_threads(args.threads, 1 if device.type == "cpu" else None)

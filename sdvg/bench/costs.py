@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..hooks import CALL_KINDS
-from ..regimes import CacheConfig, CachePolicy
+from ..sampling.calls import CALL_KINDS
+from ..sampling.regimes import CacheConfig, CachePolicy
 from .tracing import RunMeasure
 
 
@@ -148,7 +148,7 @@ def pattern_counts(accept: Sequence[bool], *, steps: Sequence[int], policy: Cach
 
 def kv_bytes_for(model, regime: str, num_frames: int, latent_hw: tuple[int, int], window: int, sinks: int) -> int:
     """Self-attention KV-cache bytes the sampler allocates for ``model`` (the policy's layout)."""
-    from ..run_memory import kv_cache_bytes
+    from ..sampling.footprint import kv_cache_bytes
 
     return kv_cache_bytes(model, CacheConfig(regime=regime, window_frames=window, sink_frames=sinks), num_frames,
                           latent_hw)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..hooks import CALL_KINDS
+from ..sampling.calls import CALL_KINDS
 from .costs import CostModel, kv_bytes_for, paired_speedup, pattern_counts, segment_min_wall
 from .tracing import PHASES, RunMeasure
 
@@ -38,7 +38,7 @@ def _median(xs: Sequence[float]) -> float | None:
 
 def row_basics(v, runs: list[RunMeasure], pattern, models, s, result) -> dict:
     """A row's own figures: acceptance and pattern, walls, phases, call counts against the analytic model, memory."""
-    from ..regimes import CacheConfig
+    from ..sampling.regimes import CacheConfig
 
     first = runs[0]
     drafted = [r for r in result.blocks if r.drafted]
@@ -318,7 +318,7 @@ PLOT_COLORS = {"random": (46, 120, 200), "scored": (219, 109, 40), "pipelined": 
 
 def render_plot(report: dict, path: str | Path, *, width: int = 820, height: int = 520) -> Path:
     """Speedup vs acceptance: measured points per group, the cost-model bound as a dashed line beside them."""
-    from ..plotting import Chart, linspace
+    from ..outputs.plotting import Chart, linspace
 
     rows = [r for r in report["rows"] if r["level"] is not None and r["group"] in PLOT_COLORS]
     right = width - 190

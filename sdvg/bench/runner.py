@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..compat import Compat
 from ..errors import ConfigError
+from ..sampling.compat import Compat
 from .report import finish_report
 from .tracing import CallTracer, RunMeasure, peak_rss_bytes, reset_peak_rss
 from .variants import LEVELS, Variant, configs, default_variants, is_baseline, level_pattern, select
@@ -66,7 +66,7 @@ class LiveRun:
 
     def __init__(self, models, v: Variant, s: BenchSettings, embeds: torch.Tensor, pattern: tuple[bool, ...] | None,
                  device: torch.device | None = None):
-        from ..sampler import SpeculativeSampler
+        from ..sampling.sampler import SpeculativeSampler
 
         router, config = configs(v, s, pattern)
         self.variant = v
@@ -226,7 +226,7 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
     if s.groups_of < 0:
         raise ConfigError("interleave must be ≥ 0 (0: no interleaving).")
     passes = _Passes(models, s, variants, base, device, embeds, log)
-    from .. import sampler as sampler_module
+    from ..sampling import sampler as sampler_module
 
     sampler_log = logging.getLogger(sampler_module.__name__)
     once = _OnceFilter()  # the sampler's per-run warnings (pipelined on the CPU), once per bench, not once per run

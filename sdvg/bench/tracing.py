@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..hooks import CALL_KINDS, Call
+from ..sampling.calls import CALL_KINDS, Call
 
 PHASES = ("draft", "decode", "score", "target", "cache", "output", "verify_wait")
 

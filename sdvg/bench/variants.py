@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..regimes import CacheConfig
-from ..router import RouterConfig, random_pattern
+from ..sampling.regimes import CacheConfig
+from ..sampling.router import RouterConfig, random_pattern
 
 LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
 ROUTERS = ("target-only", "draft-only", "random", "scored")
@@ -100,7 +100,7 @@ def is_baseline(v: Variant) -> bool:
 
 def configs(v: Variant, s, pattern: tuple[bool, ...] | None):
     """The (RouterConfig, SamplerConfig) of a row under bench settings ``s``."""
-    from ..sampler import SamplerConfig
+    from ..sampling.sampler import SamplerConfig
 
     if v.router not in ROUTERS:
         raise ConfigError(f"Unknown bench router {v.router!r}; use one of {', '.join(ROUTERS)}.")

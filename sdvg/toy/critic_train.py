@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..reward import ImageReward, ImageRewardConfig
+from ..models.reward import ImageReward, ImageRewardConfig
 from .world import BACKGROUNDS, OBJECT_COLOURS, SHAPES, caption_of, render, sample_scene
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def make_batch(gen: torch.Generator, n: int, vae) -> tuple[torch.Tensor, list[st
 
 
 def build_critic(seed: int) -> ImageReward:
-    from ..reward_loading import load_tokenizer
+    from ..loaders.reward import load_tokenizer
 
     vocab = critic_vocab()
     cfg = ImageRewardConfig(**{**{f.name: getattr(CRITIC_CONFIG, f.name) for f in fields(CRITIC_CONFIG)},
@@ -105,7 +105,7 @@ def build_critic(seed: int) -> ImageReward:
 def train_critic(paths: dict[str, Path], cfg, work: Path, *, progress: Callable[[dict], None] | None = None,
                  batch: int = 32, lr: float = 3e-4) -> Path:
     """Train the critic for ``cfg.critic_steps`` steps and write it to ``paths["reward"]`` (+ vocab, config)."""
-    from ..vae_open import open_vae
+    from ..loaders.vae_open import open_vae
 
     vae = open_vae(paths["vae"], device="cpu", dtype="fp32")
     model = build_critic(cfg.seed + 3)

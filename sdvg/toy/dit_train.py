@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import torch_load
-from ..dit import CausalWanTransformer
-from ..patch_vae import PatchVAE
-from ..wan_keys import diffusers_to_original_key, make_config
+from ..loaders.checkpoint import torch_load
+from ..loaders.wan_keys import diffusers_to_original_key, make_config
+from ..models.dit import CausalWanTransformer
+from ..models.patch_vae import PatchVAE
 from .world import CLIP_FRAMES, render_batch
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ LABEL_W = 250
 
 
 def toy_sampler_config(num_blocks: int | None = None, seed: int = 0):
-    from ..sampler_config import SamplerConfig
+    from ..sampling.config import SamplerConfig
     from .preset import TOY_BLOCKS, TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE
 
     return SamplerConfig(num_blocks=num_blocks or TOY_BLOCKS, width=TOY_SIZE[0], height=TOY_SIZE[1], seed=seed,
@@ -22,7 +22,7 @@ def toy_sampler_config(num_blocks: int | None = None, seed: int = 0):
 
 
 def load_toy_models(models_dir: str | Path = TOY_DIR):
-    from ..pipeline import load_models
+    from ..loaders.bundle import load_models
 
     return load_models(models_dir, dit_device="cpu", aux_device="cpu", dtype="fp32")
 
@@ -30,8 +30,8 @@ def load_toy_models(models_dir: str | Path = TOY_DIR):
 def run_toy(models, caption: str, mode: str, *, tau: float = TOY_TAU, seed: int = 0,
             num_blocks: int | None = None):
     """One toy video (``mode``: target-only, draft-only or reward) → the sampler's result."""
-    from ..router import RouterConfig
-    from ..sampler import SpeculativeSampler
+    from ..sampling.router import RouterConfig
+    from ..sampling.sampler import SpeculativeSampler
 
     router = RouterConfig(mode=mode, tau=tau, aggregation="min") if mode == "reward" else RouterConfig(mode=mode)
     return SpeculativeSampler(models, router, toy_sampler_config(num_blocks, seed)).run(caption)

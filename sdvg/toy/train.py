@@ -68,7 +68,7 @@ class ToyTrainConfig:
 
 
 def _fit_vae(cfg: ToyTrainConfig, path: Path) -> None:
-    from ..patch_vae import fit_patch_bases, write_patch_vae
+    from ..models.patch_vae import fit_patch_bases, write_patch_vae
 
     clips, _ = render_batch(torch.Generator().manual_seed(cfg.seed), cfg.vae_clips, CLIP_FRAMES)
     write_patch_vae(fit_patch_bases(clips), path, note={"clips": cfg.vae_clips, "seed": cfg.seed})
@@ -82,21 +82,21 @@ def _write_text(path: Path) -> None:
 
 
 def _text_bank(out: Path) -> CaptionBank:
-    from ..text_encoder import TextEncoder
+    from ..models.text_encoder import TextEncoder
 
     te = TextEncoder.load(out / FILES["text_encoder"], device="cpu", dtype="fp32")
     return CaptionBank(te.encode, all_captions())
 
 
 def _export_dit(role: str, model, spec: DiTSpec, path: Path, work: Path) -> None:
-    from ..checkpoint import torch_load
     from ..fixtures.tiny import write_krea_safetensors, write_self_forcing_pt
+    from ..loaders.checkpoint import torch_load
 
     ema = original_state_dict(model)
     if role == "target":
         write_krea_safetensors(path, ema, spec.heads)
     else:
-        from ..dit import CausalWanTransformer
+        from ..models.dit import CausalWanTransformer
 
         raw = CausalWanTransformer(**spec.config())
         raw.load_state_dict(torch_load(work / f"state_{role}.pt")["model"])
@@ -128,7 +128,7 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
         elif stage == "text":
             _write_text(paths[key])
         elif stage in ("target", "drafter"):
-            from ..vae_open import open_vae
+            from ..loaders.vae_open import open_vae
 
             spec = cfg.target if stage == "target" else cfg.drafter
             settings = cfg.target_train if stage == "target" else cfg.drafter_train
@@ -155,7 +155,7 @@ def default_work_dir(out: Path) -> Path:
 
 def _stage_info(stage: str, cfg: ToyTrainConfig, work: Path) -> dict:
     if stage in ("target", "drafter"):
-        from ..checkpoint import torch_load
+        from ..loaders.checkpoint import torch_load
 
         st = torch_load(work / f"state_{stage}.pt")
         losses = st["losses"]

@@ -69,7 +69,7 @@ def _check_files(cfg) -> None:
 
 
 def _dry_run(cfg, args) -> int:
-    from ..wan_loading import inspect_dit_checkpoint
+    from ..loaders.wan import inspect_dit_checkpoint
     from .loop import model_files
     from .plan import WAN_1P3B, format_plan, memory_plan
 

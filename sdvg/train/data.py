@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import torch_load
 from ..errors import ConfigError
+from ..loaders.checkpoint import torch_load
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class PromptBank:
 
 
 def _encode(prompts: list[str], text_encoder: str | None) -> PromptBank:
-    from ..text_encoder import TextEncoder
+    from ..models.text_encoder import TextEncoder
 
     if text_encoder is None:
         raise ConfigError("Encoding prompts needs a text encoder: --text-encoder FILE.")

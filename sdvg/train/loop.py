@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import torch_load
 from ..devices import resolve_device
 from ..errors import ConfigError
-from ..scheduler import FlowMatchScheduler, build_step_schedule
+from ..loaders.checkpoint import torch_load
+from ..sampling.scheduler import FlowMatchScheduler, build_step_schedule
 from .config import DiagonalTrainConfig
 from .data import load_prompts
 from .dmd import MotionMatcher, ScoreNoise, fake_score_loss, generator_loss, score_x0
@@ -96,7 +96,7 @@ def model_files(cfg: DiagonalTrainConfig) -> dict[str, str]:
 
 
 def _load(path: str, dev: torch.device, trainable: bool, cfg: DiagonalTrainConfig):
-    from ..wan_loading import load_dit
+    from ..loaders.wan import load_dit
 
     if trainable:  # fp32 master weights; bf16 compute comes from autocast on CUDA
         model = load_dit(path, dtype="fp32", device=dev).train().requires_grad_(True)

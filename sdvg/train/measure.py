@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..regimes import CacheConfig
-from ..stats import bootstrap_ci
+from ..eval.stats import bootstrap_ci
+from ..sampling.regimes import CacheConfig
 
 #: the long-rollout cache: noisy, a rolling window of the training length (9 frames) with 3 pinned sinks at
 #: window-relative RoPE positions, so no position past the training length is ever used
@@ -48,9 +48,9 @@ def _first_frame(block: int) -> int:
 
 
 def _video(models, s: Sampling, caption: str, seed: int, num_blocks: int):
-    from ..router import RouterConfig
-    from ..sampler import SpeculativeSampler
-    from ..sampler_config import SamplerConfig
+    from ..sampling.config import SamplerConfig
+    from ..sampling.router import RouterConfig
+    from ..sampling.sampler import SpeculativeSampler
     from ..toy.preset import TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE
 
     target = s.drafter is None  # the toy target itself, on its own schedule and ODE steps
@@ -100,9 +100,9 @@ def teacher_fidelity(student_file: str, cfg, *, n: int = 64, seed: int = 1000, s
     on its schedule and cache with ``step_noise``. Lower is closer; the teacher's own videos score 0."""
     from dataclasses import replace
 
-    from ..scheduler import FlowMatchScheduler, build_step_schedule
+    from ..loaders.wan import load_dit
+    from ..sampling.scheduler import FlowMatchScheduler, build_step_schedule
     from ..toy.preset import toy_files
-    from ..wan_loading import load_dit
     from .data import load_prompts
     from .ode_pairs import make_pairs
     from .rollout import RolloutNoise, rollout

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import torch_load
-from ..scheduler import FlowMatchScheduler, build_step_schedule
+from ..loaders.checkpoint import torch_load
+from ..sampling.scheduler import FlowMatchScheduler, build_step_schedule
 from .rollout import RolloutNoise, rollout
 
 logger = logging.getLogger(__name__)

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from ..dit import CausalWanTransformer
 from ..errors import ConfigError
-from ..wan_keys import make_config
+from ..loaders.wan_keys import make_config
+from ..models.dit import CausalWanTransformer
 
 # The real Self-Forcing 1.3B (Wan 2.1 T2V 1.3B): 12 heads x 128, ffn 8960, 30 layers, UMT5 text, patch (1, 2, 2).
 WAN_1P3B: dict[str, Any] = make_config(12, 128, 16, 16, 4096, 256, 8960, 30, (1, 2, 2))

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dit import CausalWanTransformer
-from ..scheduler import FlowMatchScheduler, renoise, to_eps, to_x0
+from ..models.dit import CausalWanTransformer
+from ..sampling.scheduler import FlowMatchScheduler, renoise, to_eps, to_x0
 
 
 @dataclass

@@ -1,0 +1,481 @@
+"""Pure routing logic: accept a drafted block or send it to the target.
+
+No models here; torch is only touched to turn score tensors into floats. The sampler's contract:
+
+1. ``reason = router.forced_target(b)``: when not None the target generates block ``b`` without a draft
+   (block 0 with ``force_reject_first`` in ``reward``/``random`` mode; every block in ``target-only`` mode;
+   never in ``draft-only`` mode, the drafter-only baseline). ``router.decide(b)`` then returns
+   the matching reject record.
+2. Otherwise draft and decode. If ``router.needs_scores(b)``, score the frames (``reward`` mode) and call
+   ``router.decide(b, scores)`` (or ``router.decide_streaming(b, reward.score_chunks(...))`` for early exit);
+   other modes call ``router.decide(b)`` without scores.
+3. After the target produced a block (forced or rejected) and ``router.wants_reference_score(b)``, score the
+   target's frames and call ``router.observe_reference(b, scores)`` (``relative`` threshold only).
+
+Threshold rules (``q`` is the aggregated block score, accept iff ``q >= threshold``):
+
+* ``fixed``: threshold = ``tau``. ``tau = +inf`` always rejects, ``tau = -inf`` always accepts (allowed on purpose).
+* ``target-rate``: the authors' running percentile. With ``eff = min(0.95, rate * N / (N - 1))`` when the number
+  of blocks ``N`` is known and block 0 is force-rejected (else ``eff = rate``), the threshold is the empirical
+  ``1 - eff`` quantile (linear interpolation) of the aggregated scores of all *earlier* drafted blocks; while fewer
+  than ``prior_count`` are known it is the Gaussian prior quantile ``prior_mean + prior_std * Phi^-1(1 - eff)``.
+* ``relative``: threshold = ``reference - delta`` where the reference is the aggregated score of the target's own
+  output for the first target block (block 0). Until a reference is observed, ``forced_target`` sends blocks to
+  the target (so block 0 sets it even without ``force_reject_first``); a draft decided without one is rejected.
+
+Cascade scoring (``cascade = k``, SDVG-hybrid; reward mode with min aggregation and a fixed τ, or pattern mode): the
+sampler scores ``k`` frames spread over the block first (:meth:`Router.cascade_split`). A frame of the subset below τ
+is a safe reject (the block's minimum can only be lower), so the rest is never scored; otherwise the rest is scored
+and the block decided on all frames, exactly as full scoring decides it. In pattern mode (the bench) the pattern
+stands in for what the subset finds: a rejected block is scored on the subset only (cascade's best case).
+
+Modes without a threshold: ``random`` accepts the i-th drafted block when the i-th draw of ``random.Random(seed)``
+is below ``random_rate``; ``pattern`` accepts it when ``pattern[i]`` is true (an exact, reproducible acceptance
+pattern, e.g. for benchmarks and matched-acceptance baselines). With ``score_drafts`` both still score every draft
+(the cost and the scores of a real run, recorded in the report) but decide as before.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from ..errors import ConfigError
+from ..jsonable import to_jsonable
+
+MODES = ("reward", "random", "draft-only", "target-only", "pattern")
+UNUSED_MODEL = {"draft-only": "target", "target-only": "drafter"}  # the DiT a routing mode never runs
+
+
+def runs_model(mode: str, role: str) -> bool:
+    """Whether routing mode ``mode`` ever calls the DiT ``role`` ("target" or "drafter")."""
+    return UNUSED_MODEL.get(mode) != role
+AGGREGATIONS = ("min", "mean", "quantile")
+THRESHOLDS = ("fixed", "target-rate", "relative")
+MAX_EFFECTIVE_RATE = 0.95
+FORCE_FIRST_REASON = "force-reject block 0: anchors composition"
+TARGET_ONLY_REASON = "target-only mode"
+
+
+@dataclass
+class RouterConfig:
+    mode: str = "reward"
+    tau: float = -0.7
+    aggregation: str = "min"
+    q: float = 0.1  # quantile for aggregation="quantile"
+    threshold: str = "fixed"
+    target_rate: float = 0.72
+    prior_mean: float = 0.566414
+    prior_std: float = 1.070617
+    prior_count: int = 5
+    delta: float = 0.5
+    force_reject_first: bool = True
+    random_rate: float = 0.5  # acceptance probability in random mode
+    seed: int = 0
+    early_exit: bool = False
+    num_blocks: int | None = None  # known length of the generation (target-rate correction, pattern length)
+    pattern: tuple[bool, ...] | None = None  # pattern mode: the decision for the i-th drafted block (True = accept)
+    score_drafts: bool = False  # random / pattern mode: score every draft anyway (the decision stays the same)
+    cascade: int = 0  # SDVG-hybrid cascade scoring: frames scored first (0 = off), see the module notes
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RouterConfig:
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(f"Unknown router setting(s) {unknown}. Valid settings: {', '.join(names)}.")
+        return cls(**dict(data)).validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(asdict(self))
+
+    @property
+    def drafted_blocks(self) -> int | None:
+        """How many blocks get a draft, when the length is known (block 0 is the target's by default)."""
+        if self.num_blocks is None or self.mode == "target-only":
+            return None if self.num_blocks is None else 0
+        forced_first = self.force_reject_first and self.mode != "draft-only"
+        return self.num_blocks - (1 if forced_first else 0)
+
+    def validate(self) -> RouterConfig:
+        """Check every setting; raises ConfigError naming the bad value and the valid choices. Returns self."""
+        for name, valid in (("mode", MODES), ("aggregation", AGGREGATIONS), ("threshold", THRESHOLDS)):
+            value = getattr(self, name)
+            if value not in valid:
+                raise ConfigError(f"Unknown router {name} {value!r}. Valid: {', '.join(valid)}.")
+        if not _is_real(self.tau):
+            raise ConfigError(f"Router tau must be a number, got {self.tau!r}.")
+        if math.isnan(self.tau):
+            raise ConfigError("Router tau is NaN. Use a number; +inf rejects every draft, -inf accepts every draft.")
+        for name in ("q", "target_rate", "prior_mean", "prior_std", "delta", "random_rate"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise ConfigError(f"Router {name} must be a finite number, got {value!r}.")
+        if not 0.0 < self.q < 1.0:
+            raise ConfigError(f"Router quantile q must be strictly between 0 and 1, got {self.q}.")
+        for name in ("target_rate", "random_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"Router {name} must be in [0, 1], got {value}.")
+        if self.prior_std < 0:
+            raise ConfigError(f"Router prior_std must be >= 0, got {self.prior_std}.")
+        if self.delta < 0:
+            raise ConfigError(f"Router delta (relative margin) must be >= 0, got {self.delta}.")
+        for name in ("prior_count", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"Router {name} must be a non-negative integer, got {value!r}.")
+        if self.num_blocks is not None and (
+            isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
+        ):
+            raise ConfigError(f"Router num_blocks must be a positive integer or None, got {self.num_blocks!r}.")
+        if isinstance(self.cascade, bool) or not isinstance(self.cascade, int) or self.cascade < 0:
+            raise ConfigError(f"Router cascade must be a whole number of frames >= 0 (0 = off), got {self.cascade!r}.")
+        if self.cascade and not (self.mode == "pattern" or (self.mode == "reward" and self.aggregation == "min"
+                                                             and self.threshold == "fixed")):
+            raise ConfigError("Cascade scoring is a safe reject only for the worst frame against a fixed τ: use mode "
+                              "'reward' with aggregation 'min' and threshold 'fixed' (or the bench's pattern mode).")
+        if self.cascade and self.early_exit:
+            raise ConfigError("Choose cascade scoring or early exit, not both (both stop scoring at a bad frame).")
+        for name in ("force_reject_first", "early_exit", "score_drafts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"Router {name} must be true or false, got {getattr(self, name)!r}.")
+        self._validate_pattern()
+        return self
+
+    def _validate_pattern(self) -> None:
+        if self.mode != "pattern":
+            if self.pattern is not None:
+                raise ConfigError(f"Router pattern is only used in mode 'pattern', not in mode {self.mode!r}.")
+            return
+        if self.pattern is None or isinstance(self.pattern, str) or not all(isinstance(x, bool) for x in self.pattern):
+            raise ConfigError(
+                f"Router mode 'pattern' needs pattern = a list of true/false per drafted block, got {self.pattern!r}."
+            )
+        self.pattern = tuple(self.pattern)
+        if self.threshold == "relative":
+            raise ConfigError("Router mode 'pattern' decides by the pattern; the relative threshold does not apply.")
+        want = self.drafted_blocks
+        if want is not None and len(self.pattern) != want:
+            raise ConfigError(
+                f"Router pattern has {len(self.pattern)} entries but {self.num_blocks} blocks give {want} drafted "
+                f"block(s){' (block 0 is the target' + chr(39) + 's)' if self.force_reject_first else ''}: give one "
+                "entry per drafted block."
+            )
+
+    @property
+    def scores_drafts(self) -> bool:
+        """Whether every draft is decoded and scored with the reward model."""
+        return self.mode == "reward" or (self.score_drafts and self.mode in ("random", "pattern"))
+
+
+@dataclass
+class RouteRecord:
+    """One routing decision. ``tau`` is the threshold in force (None when no threshold applied)."""
+
+    block: int
+    decision: str  # "accept" | "reject"
+    reason: str
+    q: float | None = None
+    scores: list[float] = field(default_factory=list)
+    tau: float | None = None
+    aggregation: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.decision == "accept"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict: non-finite floats become the strings "inf", "-inf" or "nan" (strict JSON has none)."""
+        return to_jsonable(asdict(self))
+
+
+def parse_pattern(text: str) -> tuple[bool, ...]:
+    """``"AARA"`` (A = accept, R = reject; spaces, commas and case ignored) → the pattern of mode ``pattern``."""
+    letters = [c for c in str(text).upper() if c not in " ,"]
+    bad = sorted({c for c in letters if c not in "AR"})
+    if bad or not letters:
+        raise ConfigError(
+            f"A routing pattern is a string of A (accept) and R (reject), one letter per drafted block, e.g. 'AARA'; "
+            f"got {text!r}."
+        )
+    return tuple(c == "A" for c in letters)
+
+
+def random_pattern(drafted: int, accepted: int, seed: int) -> tuple[bool, ...]:
+    """A pattern that accepts exactly ``accepted`` of ``drafted`` blocks, chosen uniformly at random by ``seed``:
+    random routing at an exact acceptance (benchmarks, matched-acceptance baselines)."""
+    if not 0 <= accepted <= drafted:
+        raise ConfigError(f"Cannot accept {accepted} of {drafted} drafted blocks.")
+    chosen = set(random.Random(seed).sample(range(drafted), accepted))
+    return tuple(i in chosen for i in range(drafted))
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fmt(value: float) -> str:
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return f"{value:.2f}"
+
+
+def to_float_list(scores: Any) -> list[float]:
+    """Scores (tensor, numpy array, sequence, scalar) → list of Python floats."""
+    if scores is None:
+        return []
+    if hasattr(scores, "detach"):  # torch tensor
+        return [float(s) for s in scores.detach().float().cpu().reshape(-1).tolist()]
+    if hasattr(scores, "tolist"):
+        out = scores.tolist()
+        return [float(s) for s in (out if isinstance(out, list) else [out])]
+    if isinstance(scores, (int, float)):
+        return [float(scores)]
+    return [float(s) for s in scores]
+
+
+def quantile(values: Sequence[float], p: float) -> float:
+    """Empirical quantile with linear interpolation between order statistics (numpy's default method)."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("quantile of no values")
+    pos = p * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def aggregate(scores: Sequence[float], how: str, q: float = 0.1) -> float:
+    if how == "min":
+        return min(scores)
+    if how == "mean":
+        return math.fsum(scores) / len(scores)
+    if how == "quantile":
+        return quantile(scores, q)
+    raise ConfigError(f"Unknown aggregation {how!r}. Valid: {', '.join(AGGREGATIONS)}.")
+
+
+class Router:
+    def __init__(self, config: RouterConfig | None = None, *, shared_history: list[float] | None = None):
+        self.config = (config or RouterConfig()).validate()
+        self._rng = random.Random(self.config.seed)
+        # aggregated scores of drafted blocks, in decision order: this video's, or (``shared_history``, the
+        # reference's pooled state) every video's of a run, which the target-rate threshold reads
+        self.history: list[float] = [] if shared_history is None else shared_history
+        self.reference: float | None = None
+        self.records: list[RouteRecord] = []
+        self._drafted = 0  # drafted blocks decided so far (the index into the random draws / the pattern)
+
+    # ---- questions the sampler asks ------------------------------------------------------------------------
+    def forced_target(self, block: int) -> str | None:
+        if self.config.mode == "target-only":
+            return TARGET_ONLY_REASON
+        if self.config.mode == "draft-only":  # the drafter-only baseline generates every block, block 0 included
+            return None
+        if block == 0 and self.config.force_reject_first:
+            return FORCE_FIRST_REASON
+        if self.config.mode == "reward" and self.config.threshold == "relative" and self.reference is None:
+            return f"relative threshold: the target's block {block} sets the reference score"
+        return None
+
+    def needs_scores(self, block: int) -> bool:
+        return self.config.scores_drafts and self.forced_target(block) is None
+
+    def wants_reference_score(self, block: int) -> bool:
+        return self.config.mode == "reward" and self.config.threshold == "relative" and self.reference is None
+
+    @property
+    def can_exit_early(self) -> bool:
+        c = self.config
+        return c.early_exit and c.mode == "reward" and c.aggregation == "min" and c.threshold == "fixed"
+
+    @property
+    def acceptance(self) -> float | None:
+        """Fraction of decided blocks that were accepted (forced blocks count as rejected); None before any."""
+        return sum(r.accepted for r in self.records) / len(self.records) if self.records else None
+
+    def cascade_split(self, n: int) -> tuple[list[int], list[int]] | None:
+        """(frames scored first, the rest) for a block of ``n`` frames, or None without cascade scoring. The first
+        ``cascade`` frames are spread evenly over the block (4 of 12: 0, 4, 7, 11)."""
+        k = self.config.cascade
+        if not k or k >= n:
+            return None
+        first = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [n // 2]
+        return first, [i for i in range(n) if i not in set(first)]
+
+    def cascade_stops(self, scores: Any) -> bool:
+        """Whether the subset's scores settle the block (a reject) so that the rest need not be scored."""
+        c = self.config
+        if c.mode == "pattern":
+            return not c.pattern[self._drafted] if self._drafted < len(c.pattern) else False
+        return any(v < c.tau or math.isnan(v) for v in to_float_list(scores))
+
+    def decide_cascade(self, block: int, n: int, score: Callable[[list[int]], Any]) -> RouteRecord:
+        """Cascade scoring of a block of ``n`` frames: ``score(indices)`` gives those frames' rewards. The subset
+        first; a reject it settles stops there, otherwise the rest is scored and the block decided on all frames."""
+        split = self.cascade_split(n)
+        if split is None or self.forced_target(block) is not None:
+            return self.decide(block, score(list(range(n))) if self.needs_scores(block) else None)
+        first_idx, rest_idx = split
+        first = to_float_list(score(first_idx))
+        if self.cascade_stops(first):
+            return self.decide(block, first, note=f"; cascade: frames {','.join(map(str, first_idx))} of {n}")
+        values = [0.0] * n
+        for i, v in zip(first_idx, first, strict=True):
+            values[i] = v
+        for i, v in zip(rest_idx, to_float_list(score(rest_idx)), strict=True):
+            values[i] = v
+        return self.decide(block, values)
+
+    # ---- observations --------------------------------------------------------------------------------------
+    def observe_reference(self, block: int, scores: Any) -> float:
+        """Aggregate the target's own output for ``block``; the first one becomes the relative reference."""
+        values = to_float_list(scores)
+        if not values:
+            raise ConfigError(f"observe_reference(block {block}) got no scores.")
+        value = aggregate(values, self.config.aggregation, self.config.q)
+        if self.reference is None and math.isfinite(value):
+            self.reference = value
+        return value
+
+    def reanchor(self) -> None:
+        """Forget the relative reference: the next block the target makes sets a new one (a prompt switch: scores
+        against another prompt are not comparable with the old reference)."""
+        self.reference = None
+
+    # ---- thresholds ----------------------------------------------------------------------------------------
+    def effective_rate(self) -> float:
+        c = self.config
+        n = c.num_blocks
+        if n is not None and n > 1 and c.force_reject_first:
+            return min(MAX_EFFECTIVE_RATE, c.target_rate * n / (n - 1))
+        return c.target_rate
+
+    def current_threshold(self) -> tuple[float | None, str]:
+        """(threshold, how it was obtained) for the next drafted block."""
+        c = self.config
+        if c.threshold == "fixed":
+            return c.tau, f"τ={_fmt(c.tau)}"
+        if c.threshold == "relative":
+            if self.reference is None:
+                return None, "no reference score yet"
+            thr = self.reference - c.delta
+            return thr, f"τ=ref {_fmt(self.reference)} − δ {_fmt(c.delta)} = {_fmt(thr)}"
+        eff = self.effective_rate()
+        if eff >= 1.0:
+            return -math.inf, f"τ=-inf (target rate {eff:.2f})"
+        if eff <= 0.0:
+            return math.inf, f"τ=+inf (target rate {eff:.2f})"
+        if len(self.history) < c.prior_count or not self.history:
+            if c.prior_std == 0:
+                thr = c.prior_mean
+            else:
+                thr = statistics.NormalDist(c.prior_mean, c.prior_std).inv_cdf(1.0 - eff)
+            return thr, f"τ={_fmt(thr)} (prior N({c.prior_mean:.3g}, {c.prior_std:.3g}), rate {eff:.2f})"
+        thr = quantile(self.history, 1.0 - eff)
+        return thr, f"τ={_fmt(thr)} ({1 - eff:.2f} quantile of {len(self.history)} past scores, rate {eff:.2f})"
+
+    # ---- decisions -----------------------------------------------------------------------------------------
+    def _record(self, rec: RouteRecord) -> RouteRecord:
+        self.records.append(rec)
+        return rec
+
+    def forced_record(self, block: int, reason: str | None = None, scores: Any = None) -> RouteRecord:
+        """The reject record of a block the target generated without a draft; ``scores`` (optional) are the
+        target output's frame scores (e.g. the relative reference), kept for the report."""
+        values = to_float_list(scores)
+        q = aggregate(values, self.config.aggregation, self.config.q) if values else None
+        reason = reason or self.forced_target(block) or "target generates this block"
+        agg = self.config.aggregation if values else None
+        return self._record(RouteRecord(block, "reject", reason, q=q, scores=values, tau=None, aggregation=agg))
+
+    def fault_record(self, block: int, reason: str) -> RouteRecord:
+        """Reject a draft that cannot be verified (e.g. non-finite latents); it takes its drafted-block slot, so the
+        random draws and a pattern stay aligned with the blocks."""
+        if self.config.mode in ("random", "pattern"):
+            self._drafted += 1
+            if self.config.mode == "random":
+                self._rng.random()
+        return self._record(RouteRecord(block, "reject", reason))
+
+    def decide(self, block: int, scores: Any = None, *, note: str = "") -> RouteRecord:
+        """The decision for ``block`` (``scores``: its frames' rewards when the mode scores); ``note`` is added to the
+        reason (e.g. which frames a cascade scored)."""
+        c = self.config
+        forced = self.forced_target(block)
+        if forced is not None:
+            return self.forced_record(block, forced)
+        if c.mode == "draft-only":
+            return self._record(RouteRecord(block, "accept", "draft-only mode", scores=to_float_list(scores)))
+        if c.mode in ("random", "pattern"):
+            return self._record(self._decide_unthresholded(block, to_float_list(scores)))
+        values = to_float_list(scores)
+        if not values:
+            raise ConfigError(f"Router in reward mode needs the frame scores of block {block}; got none.")
+        return self._record(self._decide_scores(block, values, note=note))
+
+    def _decide_unthresholded(self, block: int, values: list[float]) -> RouteRecord:
+        """Random or pattern decision for the next drafted block; scores (when drafts are scored) are recorded."""
+        c = self.config
+        i, self._drafted = self._drafted, self._drafted + 1
+        if c.mode == "random":
+            draw = self._rng.random()
+            ok = draw < c.random_rate
+            reason = f"random draw {draw:.3f} {'<' if ok else '≥'} rate {c.random_rate:.2f}"
+        else:
+            if i >= len(c.pattern):
+                raise ConfigError(f"Router pattern has {len(c.pattern)} entries; block {block} is drafted block {i}.")
+            ok = c.pattern[i]
+            reason = f"pattern entry {i}: {'accept' if ok else 'reject'}"
+        q = aggregate(values, c.aggregation, c.q) if values else None
+        agg = c.aggregation if values else None
+        return RouteRecord(block, "accept" if ok else "reject", reason, q=q, scores=values, aggregation=agg)
+
+    def _decide_scores(self, block: int, values: list[float], *, note: str = "") -> RouteRecord:
+        c = self.config
+        agg_text = "min" if c.aggregation == "min" else ("mean" if c.aggregation == "mean" else f"q{c.q:g}")
+        desc = f"{agg_text} of {len(values)} frames{note}"
+        if any(math.isnan(v) for v in values):
+            return RouteRecord(block, "reject", f"non-finite frame score ({desc})", math.nan, values, None,
+                               c.aggregation)  # fmt: skip
+        q = aggregate(values, c.aggregation, c.q)
+        thr, how = self.current_threshold()
+        self.history.append(q)
+        if thr is None:
+            return RouteRecord(block, "reject", f"q={_fmt(q)}, {how} ({desc})", q, values, None, c.aggregation)
+        ok = q >= thr
+        reason = f"q={_fmt(q)} {'≥' if ok else '<'} {how} ({desc})"
+        return RouteRecord(block, "accept" if ok else "reject", reason, q, values, thr, c.aggregation)
+
+    def decide_streaming(self, block: int, chunks: Iterable[Any]) -> RouteRecord:
+        """Decide from per-chunk score tensors (e.g. ``ImageReward.score_chunks``).
+
+        With ``early_exit`` on, min aggregation and a fixed threshold, scoring stops at the first chunk holding a
+        frame below τ (the decision equals the full one: one such frame already rejects the block); the record
+        then holds the scores seen so far and ``q`` is their minimum. Otherwise every chunk is consumed.
+        """
+        if self.forced_target(block) is not None or not self.needs_scores(block):
+            return self.decide(block)
+        values: list[float] = []
+        iterator = iter(chunks)
+        if self.can_exit_early:
+            tau = self.config.tau
+            for chunk in iterator:
+                start = len(values)
+                values.extend(to_float_list(chunk))
+                bad = next((i for i in range(start, len(values)) if values[i] < tau or math.isnan(values[i])), None)
+                if bad is not None:
+                    close = getattr(iterator, "close", None)
+                    if close is not None:
+                        close()
+                    note = f"; early exit at frame {bad}"
+                    return self._record(self._decide_scores(block, values, note=note))
+        else:
+            for chunk in iterator:
+                values.extend(to_float_list(chunk))
+        return self.decide(block, values)
