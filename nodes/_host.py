@@ -172,7 +172,7 @@ def core_wan_weights(model) -> CoreWeights:
     """:class:`CoreWeights` of a core ``MODEL`` holding a Wan 2.1 T2V DiT; ``read`` applies the MODEL's weight
     patches (LoRAs, merges) with ComfyUI's own ``comfy.lora.calculate_weight``. Anything else is a ConfigError naming
     what it is."""
-    from ..sdvg.errors import ConfigError
+    from ..sdvg import ConfigError
 
     base = getattr(model, "model", None)
     dm = getattr(base, "diffusion_model", None)
@@ -232,7 +232,7 @@ def register_toy_models() -> None:
     fp = folder_paths()
     if fp is None:
         return
-    from ..sdvg.toy.preset import TOY_DIR
+    from ..sdvg.toy import TOY_DIR
 
     ensure_image_reward_folder()
     for folder in ("diffusion_models", "text_encoders", "vae", IMAGE_REWARD_FOLDER):
@@ -257,7 +257,7 @@ def list_model_files(folder: str) -> list[str]:
 
 
 def full_model_path(folder: str, name: str) -> str:
-    from ..sdvg.errors import ModelFileError
+    from ..sdvg import ModelFileError
 
     fp = folder_paths()
     path = None if fp is None else fp.get_full_path(folder, name)

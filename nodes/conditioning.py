@@ -17,7 +17,7 @@ def embeds_from_native(conditioning) -> torch.Tensor:
     """ComfyUI CONDITIONING (``[[tensor [1, L, D], {...}], ...]``) → ``[1, 512, D]`` float32, zero padded.
 
     Only the first entry is used (SDVG has no CFG and no prompt mixing)."""
-    from ..sdvg.errors import ConfigError
+    from ..sdvg import ConfigError
 
     try:
         cond = conditioning[0][0]
@@ -67,7 +67,7 @@ class SDVGTextEncode(io.ComfyNode):
 
     @classmethod
     def execute(cls, prompt: str, text_encoder=None, conditioning=None) -> io.NodeOutput:
-        from ..sdvg.errors import ConfigError
+        from ..sdvg import ConfigError
 
         if conditioning is not None:
             if not prompt.strip():
@@ -91,7 +91,7 @@ MAX_BLEND_BLOCKS = 64
 
 def parse_schedule(schedule: str, blend_blocks: int):
     """The node's text (one ``BLOCK: prompt`` per line, or ``|``-separated) → an engine ``PromptSchedule``."""
-    from ..sdvg.sampling.prompt_schedule import PromptSchedule
+    from ..sdvg.sampling import PromptSchedule
 
     lines = [ln.strip() for ln in schedule.replace("|", "\n").splitlines() if ln.strip()]
     return PromptSchedule.parse("|".join(lines), blend_blocks=int(blend_blocks))
@@ -122,7 +122,7 @@ class SDVGPromptSchedule(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, schedule: str, blend_blocks: int) -> bool | str:
-        from ..sdvg.errors import ConfigError
+        from ..sdvg import ConfigError
 
         try:
             parse_schedule(schedule, blend_blocks)

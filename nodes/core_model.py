@@ -13,7 +13,7 @@ import math
 
 from comfy_api.latest import io
 
-from ..sdvg.devices import DIT_DTYPES
+from ..sdvg import DIT_DTYPES
 from . import _host, _models
 from .handles import OFFLOAD_POLICIES, DiTHandle
 from .types import SDVG_DIT
@@ -48,8 +48,8 @@ class SDVGDiTFromModel(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, weight_dtype: str, device: str, offload: str) -> io.NodeOutput:
-        from ..sdvg.devices import resolve_device
-        from ..sdvg.loaders.from_weights import dit_from_weights
+        from ..sdvg import resolve_device
+        from ..sdvg.loaders import dit_from_weights
 
         core = _host.core_wan_weights(model)
         dev = resolve_device(device, what="DiT")

@@ -6,7 +6,7 @@ import os
 
 from comfy_api.latest import io
 
-from ..sdvg.devices import AUX_DTYPES, DIT_DTYPES
+from ..sdvg import AUX_DTYPES, DIT_DTYPES
 from . import _host, _models
 from .handles import OFFLOAD_POLICIES, AuxHandle, DiTHandle
 from .types import SDVG_DIT, SDVG_REWARD, SDVG_TEXT_ENCODER, SDVG_VAE
@@ -27,7 +27,7 @@ def _file_input(folder: str, what: str) -> io.Combo.Input:
 
 
 def _resolve(device: str, what: str):
-    from ..sdvg.devices import resolve_device
+    from ..sdvg import resolve_device
 
     return resolve_device(device, what=what)
 
@@ -35,7 +35,7 @@ def _resolve(device: str, what: str):
 def _aux_dtype(dtype: str, device):
     import torch
 
-    from ..sdvg.devices import parse_dtype
+    from ..sdvg import parse_dtype
 
     default = torch.float32 if device.type == "cpu" else torch.bfloat16
     return parse_dtype(dtype, default=default)
@@ -59,7 +59,7 @@ def _load_aux(kind: str, folder: str, model_name: str, device: str, dtype, what:
 def model_file_problem(folder: str, model_name: str) -> bool | str:
     """Queue-time check of a loader's file: True, or the message naming the missing file and the folder. ComfyUI
     collects these from every node before it runs anything, so all missing files are reported at once."""
-    from ..sdvg.errors import ModelFileError
+    from ..sdvg import ModelFileError
 
     try:
         _host.full_model_path(folder, model_name)
@@ -73,7 +73,7 @@ BLOCK_OFFLOAD = ("off", "auto", "custom")
 
 def block_offload_spec(block_offload: str, resident_blocks: int):
     """Widget values → the engine's offload setting: None, "auto" or K resident blocks."""
-    from ..sdvg.errors import ConfigError
+    from ..sdvg import ConfigError
 
     if block_offload not in BLOCK_OFFLOAD:
         raise ConfigError(f"Unknown block_offload {block_offload!r}; use one of {', '.join(BLOCK_OFFLOAD)}.")
@@ -89,8 +89,7 @@ def load_dit_file(path: str):
     block offload, once per (file, dtype, device, LoRAs, offload) while anything holds it."""
 
     def load(handle: DiTHandle):
-        from ..sdvg.loaders.lora import LoraSpec
-        from ..sdvg.loaders.wan import load_dit
+        from ..sdvg.loaders import LoraSpec, load_dit
 
         loras = [LoraSpec(p, s) for p, s in handle.loras]
         key = (*_models.file_key(path), handle.dtype, str(handle.device), handle.block_offload,
@@ -145,7 +144,7 @@ class SDVGModelLoader(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, model_name: str, block_offload: str = "off", resident_blocks: int = 10) -> bool | str:
-        from ..sdvg.errors import ConfigError
+        from ..sdvg import ConfigError
 
         try:
             block_offload_spec(block_offload, resident_blocks)
@@ -156,9 +155,8 @@ class SDVGModelLoader(io.ComfyNode):
     @classmethod
     def execute(cls, model_name: str, weight_dtype: str, device: str, offload: str, block_offload: str = "off",
                 resident_blocks: int = 10) -> io.NodeOutput:
-        from ..sdvg.devices import parse_dtype
-        from ..sdvg.errors import ConfigError
-        from ..sdvg.loaders.wan import inspect_dit_checkpoint
+        from ..sdvg import ConfigError, parse_dtype
+        from ..sdvg.loaders import inspect_dit_checkpoint
 
         if offload not in OFFLOAD_POLICIES:
             raise ConfigError(f"Unknown offload policy {offload!r}; use one of {', '.join(OFFLOAD_POLICIES)}.")
@@ -193,7 +191,7 @@ class SDVGTextEncoderLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
-        from ..sdvg.models.text_encoder import TextEncoder
+        from ..sdvg.models import TextEncoder
 
         handle = _load_aux("text_encoder", "text_encoders", model_name, device, dtype, "text encoder", TextEncoder.load)
         return io.NodeOutput(handle)
@@ -221,7 +219,7 @@ class SDVGVAELoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
-        from ..sdvg.loaders.vae_open import open_vae
+        from ..sdvg.loaders import open_vae
 
         return io.NodeOutput(_load_aux("vae", "vae", model_name, device, dtype, "VAE", open_vae))
 
@@ -252,7 +250,7 @@ class SDVGRewardLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str) -> io.NodeOutput:
-        from ..sdvg.loaders.reward import load_image_reward
+        from ..sdvg.loaders import load_image_reward
 
         _host.ensure_image_reward_folder()
         handle = _load_aux("reward", _host.IMAGE_REWARD_FOLDER, model_name, device, None, "reward model", load_image_reward)

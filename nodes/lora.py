@@ -40,9 +40,8 @@ class SDVGLoraLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, dit: DiTHandle, lora_name: str, strength: float) -> io.NodeOutput:
-        from ..sdvg.errors import ConfigError
-        from ..sdvg.loaders.lora import LoraSpec, lora_param_shapes, read_lora
-        from ..sdvg.loaders.wan import inspect_dit_checkpoint
+        from ..sdvg import ConfigError
+        from ..sdvg.loaders import LoraSpec, inspect_dit_checkpoint, lora_param_shapes, read_lora
 
         if dit.lora_base is None:
             raise ConfigError(

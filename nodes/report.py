@@ -12,7 +12,7 @@ from . import _host
 
 
 def parse_report(text: str) -> dict:
-    from ..sdvg.errors import ConfigError
+    from ..sdvg import ConfigError
 
     try:
         report = json.loads(text)
@@ -49,7 +49,7 @@ class SDVGReport(io.ComfyNode):
 
     @classmethod
     def execute(cls, report: str, chart_width: int, chart_height: int) -> io.NodeOutput:
-        from ..sdvg.outputs.report import render_timeline, summarize
+        from ..sdvg.outputs import render_timeline, summarize
 
         data = parse_report(report)
         chart = render_timeline(data, width=int(chart_width), height=int(chart_height))

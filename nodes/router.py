@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..sdvg.errors import ConfigError
-from ..sdvg.sampling.router import AGGREGATIONS, MODES, THRESHOLDS
+from ..sdvg import ConfigError
+from ..sdvg.sampling import AGGREGATIONS, MODES, THRESHOLDS
 from .types import SDVG_ROUTER
 
 TAU_MIN, TAU_MAX = -5.0, 3.0
@@ -26,7 +26,7 @@ def build_router_config(
     pattern: str = "",
 ):
     """Widget values → ``RouterConfig`` (validated by the engine, so its messages reach the user unchanged)."""
-    from ..sdvg.sampling.router import RouterConfig, parse_pattern
+    from ..sdvg.sampling import RouterConfig, parse_pattern
 
     config = RouterConfig(
         tau=float(tau),

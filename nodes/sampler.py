@@ -15,13 +15,9 @@ from contextlib import ExitStack, contextmanager
 import torch
 from comfy_api.latest import io
 
-from ..sdvg.errors import ConfigError
-from ..sdvg.jsonable import to_jsonable
-from ..sdvg.sampling.compat import PROFILES
-from ..sdvg.sampling.regimes import POSITIONS, REGIMES, CacheConfig
-from ..sdvg.sampling.router import runs_model
-from ..sdvg.sampling.scheduler import SCHEDULES as NAMED_SCHEDULES
-from ..sdvg.sampling.scheduler import STEP_NOISES
+from ..sdvg import ConfigError, to_jsonable
+from ..sdvg.sampling import POSITIONS, PROFILES, REGIMES, STEP_NOISES, CacheConfig, runs_model
+from ..sdvg.sampling import SCHEDULES as NAMED_SCHEDULES
 from . import _host, _models
 from .handles import DiTHandle
 from .stream import BlockStream
@@ -42,8 +38,8 @@ def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: st
                    custom_schedule: str, pipelined: bool = False, refine_from_step: int = 0, profile: str = "sdvg",
                    positions: str = "absolute", step_noise: str = "fresh"):
     """Widget values → a validated engine ``SamplerConfig`` (ConfigError names the problem and the fix)."""
-    from ..sdvg.sampling.compat import profile as compat_profile
-    from ..sdvg.sampling.sampler import SamplerConfig
+    from ..sdvg.sampling import SamplerConfig
+    from ..sdvg.sampling import profile as compat_profile
 
     if schedule not in SCHEDULES:
         raise ConfigError(f"Unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}.")
@@ -72,7 +68,7 @@ def _display_id(hidden, node_id: str) -> str:
 
 def _bring_models(config, router, models, handles) -> None:
     """Ask ComfyUI to put every model of this run on its device, with room for what the run allocates there."""
-    from ..sdvg.sampling.footprint import run_memory
+    from ..sdvg.sampling import run_memory
 
     needs = run_memory(models, cache=config.cache, num_blocks=config.num_blocks, width=config.width,
                        height=config.height, mode=router.mode)
@@ -172,9 +168,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 profile: str = "sdvg", positions: str = "absolute", step_noise: str = "fresh",
                 drafter: DiTHandle | None = None,
                 target: DiTHandle | None = None, reward=None, start=None) -> io.NodeOutput:
-        from ..sdvg.loaders.bundle import SDVGModels
-        from ..sdvg.sampling.conditioning_frames import InitBlocks
-        from ..sdvg.sampling.sampler import SpeculativeSampler
+        from ..sdvg.loaders import SDVGModels
+        from ..sdvg.sampling import InitBlocks, SpeculativeSampler
 
         config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                                 custom_schedule=custom_schedule, pipelined=pipelined, refine_from_step=refine_from_step,
@@ -213,7 +208,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
 
 def warn_large_image(config) -> None:
     """The IMAGE output is one float32 batch of every frame: say so when it gets big (it is refused beyond RAM)."""
-    from ..sdvg.blocks import pixel_frames_for_blocks
+    from ..sdvg import pixel_frames_for_blocks
 
     frames = pixel_frames_for_blocks(config.num_blocks)
     size = frames * config.width * config.height * 3 * 4

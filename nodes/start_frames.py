@@ -33,8 +33,8 @@ class SDVGStartFrames(io.ComfyNode):
 
     @classmethod
     def execute(cls, images, vae, mode: str, strength: float) -> io.NodeOutput:
-        from ..sdvg.errors import ConfigError
-        from ..sdvg.sampling.conditioning_frames import InitBlocks, VideoToVideo
+        from ..sdvg import ConfigError
+        from ..sdvg.sampling import InitBlocks, VideoToVideo
 
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")

@@ -12,8 +12,8 @@ import math
 import time
 import uuid
 
-from ..sdvg.jsonable import json_float, to_jsonable
-from ..sdvg.outputs.report import block_kind
+from ..sdvg import json_float, to_jsonable
+from ..sdvg.outputs import block_kind
 from . import _host
 from .preview import PreviewEncoder
 

@@ -14,12 +14,20 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..blocks import blocks_for_frames
-from ..devices import DIT_DTYPES
-from ..errors import ConfigError
-from ..sampling.compat import add_compat_args, compat_from_args
-from ..sampling.regimes import FIRST_FRAME_SOURCES, POSITIONS, REGIMES, CacheConfig
-from ..sampling.router import AGGREGATIONS, MODES, THRESHOLDS, RouterConfig, parse_pattern
+from .. import DIT_DTYPES, ConfigError, blocks_for_frames
+from ..sampling import (
+    AGGREGATIONS,
+    FIRST_FRAME_SOURCES,
+    MODES,
+    POSITIONS,
+    REGIMES,
+    THRESHOLDS,
+    CacheConfig,
+    RouterConfig,
+    add_compat_args,
+    compat_from_args,
+    parse_pattern,
+)
 
 ROLES = ("drafter", "target", "vae", "text_encoder", "reward")
 # the CLI calls the reward routing mode "speculative"; every other mode keeps its engine name
@@ -109,7 +117,7 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
 def router_config_from_args(args, preset: str | None = None) -> RouterConfig:
     """The validated router settings; τ defaults to the paper's −0.7, or to the toy critic's when the models are the
     toy world's (``preset == "toy"``)."""
-    from ..toy.preset import TOY_TAU
+    from ..toy import TOY_TAU
 
     mode = CLI_MODES[args.mode]
     if (args.pattern is not None) != (mode == "pattern"):
@@ -131,8 +139,8 @@ def cache_config_from_args(args) -> CacheConfig:
 
 def preset_defaults(preset: str | None) -> dict:
     """Size, block count and step schedule a models preset runs at unless the command line says otherwise."""
-    from ..fixtures.tiny import TINY_HEIGHT, TINY_WIDTH
-    from ..toy.preset import TOY_BLOCKS, TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE
+    from ..fixtures import TINY_HEIGHT, TINY_WIDTH
+    from ..toy import TOY_BLOCKS, TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE
 
     if preset == "toy":
         return {"size": TOY_SIZE, "blocks": TOY_BLOCKS, "schedule": json.dumps(TOY_SCHEDULE),
@@ -146,7 +154,7 @@ def sampler_config_from_args(args, preset: str | None, *, default_blocks: int = 
     """The validated ``SamplerConfig`` (size, blocks and schedule default to the preset's when a preset is the model
     source: ``"toy"``, ``"tiny"`` or None); ``keep_output=False`` when the frames are streamed to disk as they come
     (``generate --out``)."""
-    from ..sampling.sampler import SamplerConfig
+    from ..sampling import SamplerConfig
 
     defaults = preset_defaults(preset)
     default_blocks = defaults["blocks"] or default_blocks
@@ -198,8 +206,8 @@ class ModelSource:
 def model_source(args, *, log=None) -> ModelSource:
     """Decide where the models come from, without loading any. With no ``--models`` the toy world's trained models
     fill every role no file is given for (and that is said)."""
-    from ..fixtures.tiny import is_tiny_tree
-    from ..toy.preset import is_toy_tree, toy_tree
+    from ..fixtures import is_tiny_tree
+    from ..toy import is_toy_tree, toy_tree
 
     files = {k: getattr(args, k) for k in ROLES}
     models_dir = Path(args.models) if args.models is not None else None
@@ -218,8 +226,8 @@ def model_source(args, *, log=None) -> ModelSource:
 def dit_options(args) -> tuple[dict[str, list], dict[str, int | str | None]]:
     """The LoRAs and block-offload settings of both DiTs from the command line, checked (files exist, strengths and
     block counts are numbers) before anything loads."""
-    from ..loaders.lora import parse_lora_arg
-    from ..models.offload import parse_offload
+    from ..loaders import parse_lora_arg
+    from ..models import parse_offload
 
     roles = ("target", "drafter")
     loras = {r: [parse_lora_arg(x) for x in getattr(args, f"{r}_lora", None) or ()] for r in roles}
@@ -228,7 +236,7 @@ def dit_options(args) -> tuple[dict[str, list], dict[str, int | str | None]]:
 
 
 def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
-    from ..loaders.bundle import load_models
+    from ..loaders import load_models
 
     return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
                        aux_device=args.aux_device or args.device, dtype=args.dtype, loras=source.loras,

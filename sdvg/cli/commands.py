@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import replace
 
-from ..errors import ConfigError, SDVGError
+from .. import ConfigError, SDVGError
 from . import args as cli_args
 
 EXIT_OK, EXIT_ERROR, EXIT_CANCELLED = 0, 2, 130
@@ -87,7 +87,7 @@ class _StreamedVideo:
     stream (nothing is left behind) and is reported with the other outputs; the run goes on."""
 
     def __init__(self, path, max_frames: int | None) -> None:
-        from ..outputs.video import Mp4Stream
+        from ..outputs import Mp4Stream
 
         self.stream = Mp4Stream(path, max_frames=max_frames) if path is not None else None
         self.failure: Exception | None = None
@@ -114,9 +114,7 @@ def _write_outputs(result, plan, log, video: _StreamedVideo) -> list[str]:
     """Write every planned output that has content, the report first (small, and it explains the rest); the video
     was streamed during the run and is finished here. A failing output is reported and the others are still written.
     Returns the failures' messages."""
-    from ..outputs.files import OUTPUTS
-    from ..outputs.report import write_report, write_timeline
-    from ..outputs.video import save_tensor_file, to_uint8
+    from ..outputs import OUTPUTS, save_tensor_file, to_uint8, write_report, write_timeline
 
     report, frames, meta = result.report(), result.frames, {"partial": result.partial}
     writers = {
@@ -145,12 +143,10 @@ def _write_outputs(result, plan, log, video: _StreamedVideo) -> list[str]:
 
 
 def cmd_generate(args) -> int:
-    from ..devices import set_cpu_threads
-    from ..errors import RunFailed
-    from ..loaders.bundle import roles_needed
-    from ..outputs.files import plan_outputs
-    from ..outputs.report import summarize
-    from ..sampling.sampler import SpeculativeSampler
+    from .. import RunFailed, set_cpu_threads
+    from ..loaders import roles_needed
+    from ..outputs import plan_outputs, summarize
+    from ..sampling import SpeculativeSampler
 
     def log(msg: str) -> None:
         sys.stderr.write(msg + "\n")
@@ -164,7 +160,7 @@ def cmd_generate(args) -> int:
     replace(router, num_blocks=config.num_blocks).validate()  # what depends on the length (a pattern's)
     prompt = args.prompt
     if args.prompt_schedule is not None:
-        from ..sampling.prompt_schedule import PromptSchedule
+        from ..sampling import PromptSchedule
 
         prompt = PromptSchedule.parse(args.prompt_schedule, blend_blocks=args.blend_blocks)
         prompt.check_blocks(config.num_blocks)
@@ -206,8 +202,8 @@ def _check_init_video(args, config) -> None:
     """The starting-frames options, before any model loads: files, sizes and the strength."""
     from pathlib import Path
 
-    from ..outputs.video import probe_video
-    from ..sampling.conditioning_frames import check_strength
+    from ..outputs import probe_video
+    from ..sampling import check_strength
 
     if (args.v2v_video is None) != (args.strength is None):
         raise ConfigError("--v2v-video and --strength go together (strength 0 = the video itself … 1 = text-to-video).")
@@ -241,16 +237,16 @@ def _image_size(path) -> tuple[int, int]:
 def _v2v_video(args, config, vae):
     if args.v2v_video is None:
         return None
-    from ..blocks import pixel_frames_for_blocks
-    from ..outputs.video import read_video_frames
-    from ..sampling.conditioning_frames import VideoToVideo
+    from .. import pixel_frames_for_blocks
+    from ..outputs import read_video_frames
+    from ..sampling import VideoToVideo
 
     frames = read_video_frames(args.v2v_video, pixel_frames_for_blocks(config.num_blocks))
     return VideoToVideo.from_frames(vae, frames, args.strength, config.num_blocks)
 
 
 def _init_blocks(args, vae):
-    from ..sampling.conditioning_frames import InitBlocks
+    from ..sampling import InitBlocks
 
     if args.init_latents is not None:
         from safetensors import SafetensorError
@@ -269,14 +265,14 @@ def _init_blocks(args, vae):
             frame = torch.from_numpy(np.asarray(img.convert("RGB"))).float().div_(255.0)[None]
         return InitBlocks.from_frames(vae, frame)
     if args.init_video is not None:
-        from ..outputs.video import read_video_frames
+        from ..outputs import read_video_frames
 
         return InitBlocks.from_frames(vae, read_video_frames(args.init_video))
     return None
 
 
 def add_eval_parser(subparsers) -> None:
-    from ..eval.run import DEFAULT_TAUS
+    from ..eval import DEFAULT_TAUS
 
     p = subparsers.add_parser(
         "eval", help="quality vs speed over a prompt file: target-only, draft-only, SDVG τ sweep, matched random",
@@ -327,10 +323,10 @@ def evaluate_doc() -> str:
 
 def _eval_world(args) -> dict:
     """The defaults an evaluation takes from ``--world``: prompts, methods, τ and metrics."""
-    from ..eval.run import DEFAULT_METHODS, DEFAULT_TAUS, METHODS
+    from ..eval import DEFAULT_METHODS, DEFAULT_TAUS, METHODS
 
     if args.world == "toy":  # the toy models are the default model source anyway
-        from ..toy.preset import TOY_TAUS, toy_prompts
+        from ..toy import TOY_TAUS, toy_prompts
 
         return {"methods": ",".join(METHODS), "taus": ",".join(f"{t:g}" for t in TOY_TAUS),
                 "prompts": toy_prompts(), "metrics": ["sdvg.toy.judge:judge_metric"]}
@@ -341,8 +337,8 @@ def _eval_world(args) -> dict:
 
 
 def cmd_eval(args) -> int:
-    from ..devices import set_cpu_threads
-    from ..eval.run import (
+    from .. import set_cpu_threads
+    from ..eval import (
         METHODS,
         check_eval_args,
         check_out_dir,
@@ -367,7 +363,7 @@ def cmd_eval(args) -> int:
     prompts = prompts[: args.limit] if args.limit else prompts
     check_out_dir(args.out)
     if args.ray:
-        from ..eval.ray import import_ray
+        from ..eval import import_ray
 
         import_ray()  # a missing extra is named before anything loads
     metrics = [load_metric(spec) for spec in [*world["metrics"], *args.metric]]
@@ -389,9 +385,8 @@ def cmd_eval(args) -> int:
 
 
 def _eval_on_ray(args, source, config, prompts, taus, methods, log) -> int:
-    from ..eval.ray import evaluate_ray
-    from ..eval.run import format_summary
-    from ..sampling.compat import compat_from_args
+    from ..eval import evaluate_ray, format_summary
+    from ..sampling import compat_from_args
 
     if args.ray_actors is not None and args.ray_actors < 1:
         raise ConfigError(f"--ray-actors must be at least 1, got {args.ray_actors}.")
@@ -408,7 +403,7 @@ def _eval_on_ray(args, source, config, prompts, taus, methods, log) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from ..loaders.model_info import describe_model_file
+    from ..loaders import describe_model_file
 
     for path in args.files:
         sys.stdout.write(describe_model_file(path) + "\n")
@@ -416,7 +411,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_make_tiny(args) -> int:
-    from ..fixtures.tiny import make_tiny
+    from ..fixtures import make_tiny
 
     paths = make_tiny(args.dir)
     for role, path in paths.items():

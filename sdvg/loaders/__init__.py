@@ -1,2 +1,14 @@
 """Model files → the ``models``: file checks, safetensors and checkpoint reading, the Wan DiT, VAE, ImageReward and
 LoRA formats, ``inspect``, and the model bundle one generation runs on (``bundle``)."""
+
+from ..facade import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "bundle": "SDVGModels find_model_file load_models roles_needed",
+    "from_weights": "dit_from_weights",
+    "lora": "LoraSpec lora_param_shapes parse_lora_arg read_lora",
+    "model_info": "describe_model_file",
+    "reward": "load_image_reward",
+    "vae_open": "open_vae",
+    "wan": "inspect_dit_checkpoint load_dit",
+})

@@ -1,3 +1,15 @@
 """The torch modules: the causal DiT and its KV caches, the streaming VAE (and the toy patch latent model), the
 ImageReward verifier, the UMT5 text encoder and the transformer-block offloader. Models read no files: the
 ``loaders`` package turns files into these modules."""
+
+from ..facade import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "dit": "CausalWanTransformer",
+    "kv_cache": "CrossAttnCache SelfKVCache kv_cache_nbytes",
+    "offload": "BlockOffloader offload_model parse_offload",
+    "patch_vae": "PatchVAE",
+    "reward": "ImageReward ImageRewardConfig",
+    "text_encoder": "TextEncoder",
+    "vae": "StreamingVAE VAEState",
+})

@@ -8,3 +8,9 @@ that draw them.
 * ``preset``: the committed trained models (``models/``), the embedded default, and its sampling settings;
 * ``sheet``: contact sheets of the toy models' videos; ``cli``: ``python -m sdvg toy``.
 """
+
+from ..facade import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "preset": "TOY_BLOCKS TOY_DIR TOY_SCHEDULE TOY_SIZE TOY_STEP_NOISE TOY_TAU TOY_TAUS is_toy_tree toy_prompts toy_tree",
+})
