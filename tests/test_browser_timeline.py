@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.host import comfy_server
+from tests.host import build_workflows, comfy_server
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -63,7 +63,7 @@ def page(server):
 
 
 def _load_tiny(page) -> None:
-    workflow = json.loads((REPO / "example_workflows" / "sdvg_tiny_cpu.json").read_text(encoding="utf-8"))
+    workflow = json.loads(build_workflows.ui_path("sdvg_tiny_cpu").read_text(encoding="utf-8"))
     page.evaluate("async (wf) => { await app.loadGraphData(wf); }", workflow)
 
 
@@ -99,7 +99,7 @@ def test_frontend_export_matches_our_api_twin(server, page):
     saved = page.evaluate(
         "() => app.graph.serialize().nodes.find(n => n.type === 'SDVGSpeculativeSampler').widgets_values"
     )
-    original = json.loads((REPO / "example_workflows" / "sdvg_tiny_cpu.json").read_text(encoding="utf-8"))
+    original = json.loads(build_workflows.ui_path("sdvg_tiny_cpu").read_text(encoding="utf-8"))
     assert saved == next(n for n in original["nodes"] if n["type"] == "SDVGSpeculativeSampler")["widgets_values"]
 
 

@@ -12,13 +12,14 @@ import copy
 import json
 import os
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.host import comfy_server
+from tests.host import build_workflows, comfy_server
 from tests.host.core_nodes import CORE_NODES
 from tests.host.schema_checks import node_problems, widget_inputs
 
@@ -134,10 +135,11 @@ def test_core_node_table_matches_the_host(server):
 
 def test_workflows_are_listed_as_templates(server):
     templates = server.get("/workflow_templates")
-    assert sorted(templates["sdvg"]) == sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
-    with urllib.request.urlopen(server.base + "/api/workflow_templates/sdvg/sdvg_tiny_cpu.json") as r:
+    assert sorted(templates["sdvg"]) == sorted(p.stem for p in (REPO / "workflows").glob("*.json"))
+    tiny = urllib.parse.quote(build_workflows.ui_path("sdvg_tiny_cpu").stem)  # a readable title: spaces and all
+    with urllib.request.urlopen(f"{server.base}/api/workflow_templates/sdvg/{tiny}.json") as r:
         assert json.loads(r.read())["nodes"]
-    with urllib.request.urlopen(server.base + "/api/workflow_templates/sdvg/sdvg_tiny_cpu.jpg") as r:
+    with urllib.request.urlopen(f"{server.base}/api/workflow_templates/sdvg/{tiny}.jpg") as r:
         assert r.read(3) == b"\xff\xd8\xff"
 
 

@@ -16,7 +16,8 @@ from tests.host.schema_checks import value_problems, widget_inputs
 from tests.host.ui_to_api import ConversionError, ui_to_api, widget_values
 
 REPO = Path(__file__).resolve().parent.parent
-UI_FILES = sorted((REPO / "example_workflows").glob("*.json"))
+UI_FILES = sorted((REPO / "workflows").glob("*.json"))
+NAME_OF = {spec.file: spec.name for spec in build_workflows.specs()}  # file stem → workflow id
 FILE_WIDGETS = {"model_name", "file"}
 
 
@@ -30,7 +31,7 @@ def _load(path: Path) -> dict:
 
 
 def test_the_workflows_exist():
-    names = {p.stem for p in UI_FILES}
+    names = {NAME_OF.get(p.stem) for p in UI_FILES}
     assert names == {"sdvg_speculative_t2v", "sdvg_target_only_baseline", "sdvg_diagonal_noisy_cache", "sdvg_tiny_cpu", "sdvg_toy_cpu",
                      "sdvg_long_video", "sdvg_prompt_timeline", "sdvg_video_to_video"}
 
@@ -82,18 +83,18 @@ def test_notes_name_every_model_file(path):
 @pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.stem)
 def test_api_twin_matches_converter(path, object_info):
     api = ui_to_api(_load(path), object_info)
-    twin = _load(REPO / "tests" / "workflows" / f"{path.stem}.api.json")
+    twin = _load(REPO / "tests" / "workflows" / f"{NAME_OF[path.stem]}.api.json")
     assert api == twin
     assert all(n["class_type"] not in VIRTUAL_NODES for n in api.values())
 
 
 def test_generator_has_no_drift(object_info):
     for name, (ui, _api) in build_workflows.build_all(object_info).items():
-        assert _load(REPO / "example_workflows" / f"{name}.json") == json.loads(build_workflows.dump(ui)), f"rerun build_workflows for {name}"
+        assert _load(build_workflows.ui_path(name)) == json.loads(build_workflows.dump(ui)), f"rerun build_workflows for {name}"
 
 
 def test_tiny_workflow_uses_the_make_tiny_files():
-    wf = _load(REPO / "example_workflows" / "sdvg_tiny_cpu.json")
+    wf = _load(build_workflows.ui_path("sdvg_tiny_cpu"))
     files = {n["widgets_values"][0] for n in wf["nodes"] if n["type"].endswith("Loader")}
     assert files == set(build_workflows.FILES_TINY.values())
 

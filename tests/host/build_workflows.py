@@ -1,6 +1,6 @@
 """Write the shipped workflows (UI format + .jpg thumbnail) and their API-format twins.
 
-    .venv/bin/python -m tests.host.build_workflows          # rewrite example_workflows/ and tests/workflows/
+    .venv/bin/python -m tests.host.build_workflows          # rewrite workflows/ and tests/workflows/
 
 The UI files are built from the node schemas (widget order and defaults come from there), so they cannot drift
 from the nodes; ``tests/test_workflows.py`` rebuilds them in memory and compares with the committed files.
@@ -21,7 +21,7 @@ from .schema_checks import widget_inputs
 from .ui_to_api import ui_to_api
 
 REPO = Path(__file__).resolve().parents[2]
-UI_DIR = REPO / "example_workflows"
+UI_DIR = REPO / "workflows"  # ComfyUI lists it as the pack's templates, titled by file name
 API_DIR = REPO / "tests" / "workflows"
 
 FILES_REAL = {
@@ -120,7 +120,8 @@ block 0 (no draft), accepted drafts and drafts the target regenerated.
 
 @dataclass
 class Spec:
-    name: str
+    name: str  # the id: the API twin's name (tests/workflows/NAME.api.json) and the workflow's uuid
+    file: str  # the UI file's name in workflows/ without .json: the template's title in ComfyUI's browser
     title: str
     subtitle: str
     nodes: list[dict] = field(default_factory=list)  # {"key", "type", "pos", "values": {...}, "title"}
@@ -146,9 +147,9 @@ def _loader_nodes(files: dict, *, dtype: str, device: str, roles: tuple[str, ...
     return nodes
 
 
-def _spec(name, title, subtitle, files, note, *, roles, router, sampler, dtype="auto", device="auto", fps=16.0,
+def _spec(name, file, title, subtitle, files, note, *, roles, router, sampler, dtype="auto", device="auto", fps=16.0,
           encode=None, start_from=None) -> Spec:
-    spec = Spec(name, title, subtitle)
+    spec = Spec(name, file, title, subtitle)
     spec.nodes += _loader_nodes(files, dtype=dtype, device=device, roles=roles)
     spec.nodes += [
         encode or {"key": "encode", "type": "SDVGTextEncode", "pos": [420, 60], "values": {"prompt": PROMPT}},
@@ -190,31 +191,36 @@ def specs() -> list[Spec]:
     all_roles = ("drafter", "target", "text_encoder", "vae", "reward")
     return [
         _spec(
-            "sdvg_speculative_t2v", "SDVG speculative T2V", "Self-Forcing drafter + Krea 14B target, ImageReward τ = −0.7 (min)",
+            "sdvg_speculative_t2v", "Speculative text-to-video",
+            "SDVG speculative T2V", "Self-Forcing drafter + Krea 14B target, ImageReward τ = −0.7 (min)",
             FILES_REAL, NOTE_REAL, roles=all_roles,
             router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
             sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480},
         ),
         _spec(
-            "sdvg_target_only_baseline", "Target-only baseline", "Krea 14B alone: the quality and speed reference",
+            "sdvg_target_only_baseline", "Target-only baseline",
+            "Target-only baseline", "Krea 14B alone: the quality and speed reference",
             FILES_REAL, NOTE_REAL, roles=("target", "text_encoder", "vae"),
             router={"mode": "target-only"},
             sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480},
         ),
         _spec(
-            "sdvg_diagonal_noisy_cache", "Diagonal Distillation", "Self-Forcing with diagonal steps + noisy KV cache (draft-only)",
+            "sdvg_diagonal_noisy_cache", "Diagonal Distillation with noisy cache",
+            "Diagonal Distillation", "Self-Forcing with diagonal steps + noisy KV cache (draft-only)",
             FILES_REAL, NOTE_REAL, roles=("drafter", "text_encoder", "vae"),
             router={"mode": "draft-only", "force_reject_first": False},
             sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480, "cache": "noisy", "schedule": "diagonal"},
         ),
         _spec(
-            "sdvg_long_video", "Long video", "56 blocks (669 frames, 42 s): recompute cache, memory flat in the length",
+            "sdvg_long_video", "Long video",
+            "Long video", "56 blocks (669 frames, 42 s): recompute cache, memory flat in the length",
             FILES_REAL, NOTE_REAL + NOTE_LONG, roles=all_roles,
             router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
             sampler={"seed": 42, "blocks": 56, "width": 832, "height": 480, "cache": "recompute"},
         ),
         _spec(
-            "sdvg_prompt_timeline", "Prompt timeline", "Three prompts over 12 blocks, blended over one block (Krea)",
+            "sdvg_prompt_timeline", "Prompt timeline",
+            "Prompt timeline", "Three prompts over 12 blocks, blended over one block (Krea)",
             FILES_REAL, NOTE_REAL, roles=all_roles,
             router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
             sampler={"seed": 42, "blocks": 12, "width": 832, "height": 480},
@@ -222,14 +228,16 @@ def specs() -> list[Spec]:
                     "values": {"schedule": TIMELINE, "blend_blocks": 1}},
         ),
         _spec(
-            "sdvg_video_to_video", "Video-to-video", "A clip re-generated at strength 0.6 (Krea v2v), speculative",
+            "sdvg_video_to_video", "Video-to-video",
+            "Video-to-video", "A clip re-generated at strength 0.6 (Krea v2v), speculative",
             FILES_REAL, NOTE_REAL + NOTE_V2V, roles=all_roles,
             router={"tau": -0.7, "aggregation": "min", "mode": "reward"},
             sampler={"seed": 42, "blocks": 7, "width": 832, "height": 480},
             start_from={"file": "sdvg_input.mp4", "values": {"mode": "video-to-video", "strength": 0.6}},
         ),
         _spec(
-            "sdvg_toy_cpu", "SDVG toy world (CPU)", "Trained toy models, 64×64: shapes you can judge, in seconds",
+            "sdvg_toy_cpu", "Toy world on the CPU",
+            "SDVG toy world (CPU)", "Trained toy models, 64×64: shapes you can judge, in seconds",
             FILES_TOY, NOTE_TOY, roles=all_roles, dtype="fp32", device="cpu",
             encode={"key": "encode", "type": "SDVGTextEncode", "pos": [420, 60], "values": {"prompt": TOY_CAPTION}},
             router={"tau": TOY_TAU, "aggregation": "min", "mode": "reward"},
@@ -237,7 +245,8 @@ def specs() -> list[Spec]:
                      "custom_schedule": json.dumps(TOY_SCHEDULE), "step_noise": TOY_STEP_NOISE},
         ),
         _spec(
-            "sdvg_tiny_cpu", "SDVG tiny CPU check", "Random tiny models, 64×64, 6 blocks: tests an install in seconds",
+            "sdvg_tiny_cpu", "Tiny models install check",
+            "SDVG tiny CPU check", "Random tiny models, 64×64, 6 blocks: tests an install in seconds",
             FILES_TINY, NOTE_TINY, roles=all_roles, dtype="fp32", device="cpu",
             # τ −0.95 sits inside the tiny random reward's score range (about −1.05 … −0.9), so a run shows all
             # three outcomes: block 0 forced, then accepted and rejected drafts
@@ -353,6 +362,11 @@ def thumbnail(spec: Spec, path: Path) -> None:
     img.save(path, "JPEG", quality=88)
 
 
+def ui_path(name: str) -> Path:
+    """The shipped UI file of the workflow ``name`` (its id, e.g. ``sdvg_tiny_cpu``)."""
+    return UI_DIR / f"{next(spec.file for spec in specs() if spec.name == name)}.json"
+
+
 def build_all(info: dict | None = None) -> dict[str, tuple[dict, dict]]:
     info = info or object_info()
     out = {}
@@ -370,9 +384,9 @@ def main() -> None:
     UI_DIR.mkdir(exist_ok=True)
     API_DIR.mkdir(parents=True, exist_ok=True)
     for spec in specs():
-        thumbnail(spec, UI_DIR / f"{spec.name}.jpg")
+        thumbnail(spec, ui_path(spec.name).with_suffix(".jpg"))
     for name, (ui, api) in build_all().items():
-        (UI_DIR / f"{name}.json").write_text(dump(ui), encoding="utf-8")
+        ui_path(name).write_text(dump(ui), encoding="utf-8")
         (API_DIR / f"{name}.api.json").write_text(dump(api), encoding="utf-8")
 
 
