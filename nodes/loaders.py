@@ -191,9 +191,9 @@ class SDVGTextEncoderLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_name: str, device: str, dtype: str) -> io.NodeOutput:
-        from ..sdvg.models import TextEncoder
+        from ..sdvg.loaders import load_text_encoder
 
-        handle = _load_aux("text_encoder", "text_encoders", model_name, device, dtype, "text encoder", TextEncoder.load)
+        handle = _load_aux("text_encoder", "text_encoders", model_name, device, dtype, "text encoder", load_text_encoder)
         return io.NodeOutput(handle)
 
 

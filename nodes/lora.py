@@ -41,7 +41,8 @@ class SDVGLoraLoader(io.ComfyNode):
     @classmethod
     def execute(cls, dit: DiTHandle, lora_name: str, strength: float) -> io.NodeOutput:
         from ..sdvg import ConfigError
-        from ..sdvg.loaders import LoraSpec, inspect_dit_checkpoint, lora_param_shapes, read_lora
+        from ..sdvg.loaders import LoraSpec, inspect_dit_checkpoint, read_lora
+        from ..sdvg.models import dit_param_shapes
 
         if dit.lora_base is None:
             raise ConfigError(
@@ -53,5 +54,5 @@ class SDVGLoraLoader(io.ComfyNode):
         path = _host.full_model_path(LORA_FOLDER, lora_name)
         # checked against the DiT's shapes now (headers only), so a wrong LoRA fails on this node, not at the run
         config = inspect_dit_checkpoint(dit.lora_base).config
-        read_lora(LoraSpec(path, float(strength)), lora_param_shapes(config), what=dit.file)
+        read_lora(LoraSpec(path, float(strength)), dit_param_shapes(config), what=dit.file)
         return io.NodeOutput(dit.with_lora(path, float(strength)))

@@ -7,7 +7,7 @@ import torch
 
 from sdvg.errors import ConfigError
 from sdvg.loaders.checkpoint import unwrap_state_dict
-from sdvg.models.vae import StreamingVAE
+from sdvg.loaders.vae import load_streaming_vae
 from sdvg.sampling.causal import BlockDenoiser
 from sdvg.sampling.compat import PROFILES, Compat, profile
 from sdvg.sampling.regimes import CacheConfig
@@ -76,7 +76,7 @@ def test_tail_step_renoises_to_the_smallest_sigma_and_calls_the_model_at_t0(tiny
 # ---- 2. Krea's streaming decoder -------------------------------------------------------------------------------
 
 def test_krea_decoder_differs_from_ours_exactly_from_pixel_frame_9(tiny_vae_path):
-    vae = StreamingVAE.load(tiny_vae_path, device="cpu", dtype="fp32")
+    vae = load_streaming_vae(tiny_vae_path, device="cpu", dtype="fp32")
     blocks = [_lat(i) for i in range(3)]
     out = {}
     for variant in ("wan", "krea"):

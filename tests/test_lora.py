@@ -184,14 +184,14 @@ def test_cli_merges_loras_and_offloads_and_refuses_a_wrong_lora_before_loading(t
                                                                                capsys, monkeypatch):
     from sdvg.cli.commands import main
     from sdvg.loaders import bundle as pipeline
-    from sdvg.models import text_encoder
+    from sdvg.loaders import text_encoder
 
     base = ["generate", "--prompt", "a cat", "--models", str(tiny_dir), "--device", "cpu", "--blocks", "2",
             "--width", "32", "--height", "32",
             "--tau=-inf", "--out", str(tmp_path / "v.mp4"), "--report", str(tmp_path / "r.json")]
     wide = fl.write_lora(tmp_path / "wide.safetensors", fl.lora_factors(tiny.TINY_TARGET_CONFIG, rank=2), "kohya")
     loaded = []
-    monkeypatch.setattr(text_encoder.TextEncoder, "load", lambda *a, **k: loaded.append(a) or 1 / 0)
+    monkeypatch.setattr(text_encoder, "load_text_encoder", lambda *a, **k: loaded.append(a) or 1 / 0)
     assert main([*base, "--drafter-lora", f"{wide}:0.5"]) == 2
     err = capsys.readouterr().err
     assert "made for a DiT of width 512 (custom), 4 blocks" in err and "the drafter" in err and not loaded  # refused before any load

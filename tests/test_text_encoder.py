@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from sdvg.errors import ModelFileError
 from sdvg.fixtures import tiny
-from sdvg.models import text_encoder as te
+from sdvg.loaders import text_encoder as te
 
 PROMPT = "A red fox runs through fresh snow at sunrise."
 
@@ -44,7 +44,7 @@ def layouts(tmp_path_factory, comfy):
     torch.save(te.hf_to_wan_t5(raw), wan_dir / "models_t5_umt5-xxl-enc-fp32.pth")
     hf = d / "hf"
     hf.mkdir()
-    enc = te.TextEncoder.load(comfy, device="cpu")
+    enc = te.load_text_encoder(comfy, device="cpu")
     enc.model.config.save_pretrained(hf)
     save_file(raw, hf / "model.safetensors")
     (hf / "spiece.model").write_bytes(spiece)
@@ -53,17 +53,17 @@ def layouts(tmp_path_factory, comfy):
 
 
 def test_layouts_give_identical_embeddings(comfy, layouts):
-    ref = te.TextEncoder.load(comfy, device="cpu", dtype="fp32").encode(PROMPT)
+    ref = te.load_text_encoder(comfy, device="cpu", dtype="fp32").encode(PROMPT)
     for key in ("wan", "hf"):
-        out = te.TextEncoder.load(layouts[key], device="cpu", dtype="fp32").encode(PROMPT)
+        out = te.load_text_encoder(layouts[key], device="cpu", dtype="fp32").encode(PROMPT)
         assert torch.equal(out, ref), key
-    bf16 = te.TextEncoder.load(layouts["wan_bf16"], device="cpu", dtype="bf16").encode(PROMPT)
+    bf16 = te.load_text_encoder(layouts["wan_bf16"], device="cpu", dtype="bf16").encode(PROMPT)
     assert bf16.dtype == torch.bfloat16 and bf16.shape == ref.shape
     assert torch.isfinite(ref).all() and ref.abs().max() < 50
 
 
 def test_shape_padding_and_cache(comfy):
-    enc = te.TextEncoder.load(comfy, device="cpu", cache_size=2)
+    enc = te.load_text_encoder(comfy, device="cpu", cache_size=2)
     assert enc.text_dim == tiny.TINY_TEXT_DIM == tiny.TINY_TARGET_CONFIG["text_dim"] == tiny.TINY_DRAFTER_CONFIG["text_dim"]
     out = enc.encode(PROMPT)
     n = len(enc.tokenizer.ids(PROMPT))
@@ -97,8 +97,8 @@ def test_scaled_fp8_is_dequantized(tmp_path, comfy, layouts):
     scaled["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
     scaled[te.SPIECE_KEY] = torch.frombuffer(bytearray(layouts["spiece"]), dtype=torch.uint8)
     save_file(scaled, tmp_path / "umt5_xxl_fp8_e4m3fn_scaled.safetensors")
-    ref = te.TextEncoder.load(comfy, device="cpu").encode(PROMPT)
-    out = te.TextEncoder.load(tmp_path / "umt5_xxl_fp8_e4m3fn_scaled.safetensors", device="cpu").encode(PROMPT)
+    ref = te.load_text_encoder(comfy, device="cpu").encode(PROMPT)
+    out = te.load_text_encoder(tmp_path / "umt5_xxl_fp8_e4m3fn_scaled.safetensors", device="cpu").encode(PROMPT)
     assert torch.isfinite(out).all()
     assert (out - ref).abs().max() < 0.1 * ref.abs().max()
 
@@ -107,10 +107,10 @@ def test_missing_tokenizer_is_named(tmp_path, layouts):
     lone = tmp_path / "models_t5_umt5-xxl-enc-bf16.pth"
     lone.write_bytes(layouts["wan"].read_bytes())
     with pytest.raises(ModelFileError, match="spiece.model or tokenizer.json"):
-        te.TextEncoder.load(lone, device="cpu")
+        te.load_text_encoder(lone, device="cpu")
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "spiece.model").write_bytes(layouts["spiece"])
-    enc = te.TextEncoder.load(lone, device="cpu", tokenizer=tmp_path / "tok")
+    enc = te.load_text_encoder(lone, device="cpu", tokenizer=tmp_path / "tok")
     assert enc.encode(PROMPT).shape == (1, 512, tiny.TINY_TEXT_DIM)
 
 
@@ -126,7 +126,7 @@ def test_tokenizer_json(tmp_path, layouts):
     tok.decoder = decoders.Metaspace()
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     tok.save(str(tmp_path / "tokenizer.json"))
-    lt = te.LocalTokenizer.from_file(tmp_path / "tokenizer.json")
+    lt = te.read_tokenizer(tmp_path / "tokenizer.json")
     ids = lt.ids(PROMPT)
     assert ids[-1] == 1 and ids.count(1) == 1
     assert ids == list(sp.encode(PROMPT)) + [1]
@@ -134,16 +134,16 @@ def test_tokenizer_json(tmp_path, layouts):
 
 def test_bad_files(tmp_path):
     with pytest.raises(ModelFileError, match="not found"):
-        te.TextEncoder.load(tmp_path / "nope.safetensors", device="cpu")
+        te.load_text_encoder(tmp_path / "nope.safetensors", device="cpu")
     save_file({"decoder.middle.0.residual.0.gamma": torch.zeros(2)}, tmp_path / "vae.safetensors")
     with pytest.raises(ModelFileError, match="not a UMT5 text encoder.*VAE"):
-        te.TextEncoder.load(tmp_path / "vae.safetensors", device="cpu")
+        te.load_text_encoder(tmp_path / "vae.safetensors", device="cpu")
     (tmp_path / "cut.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
     with pytest.raises(ModelFileError, match="corrupt"):
-        te.TextEncoder.load(tmp_path / "cut.safetensors", device="cpu")
+        te.load_text_encoder(tmp_path / "cut.safetensors", device="cpu")
     (tmp_path / "folder").mkdir()
     with pytest.raises(ModelFileError, match="config.json"):
-        te.TextEncoder.load(tmp_path / "folder", device="cpu")
+        te.load_text_encoder(tmp_path / "folder", device="cpu")
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".pth"])
@@ -153,7 +153,7 @@ def test_png_renamed_as_a_text_encoder_is_called_a_png_image(tmp_path, suffix):
     path = tmp_path / f"umt5_xxl_fp8_e4m3fn_scaled{suffix}"
     Image.new("RGB", (8, 8), "red").save(path, format="PNG")
     with pytest.raises(ModelFileError, match="this is a PNG image, not a checkpoint") as err:
-        te.TextEncoder.load(path, device="cpu")
+        te.load_text_encoder(path, device="cpu")
     assert str(path) in str(err.value) and "truncated" not in str(err.value)
 
 
@@ -161,9 +161,9 @@ def test_broken_links_to_the_encoder_or_its_tokenizer_name_their_target(tmp_path
     link = tmp_path / "umt5_xxl.safetensors"
     link.symlink_to(tmp_path / "elsewhere.safetensors")
     with pytest.raises(ModelFileError, match="is a broken symbolic link") as err:
-        te.TextEncoder.load(link, device="cpu")
+        te.load_text_encoder(link, device="cpu")
     assert str(tmp_path / "elsewhere.safetensors") in str(err.value) and "not found" not in str(err.value)
     (tmp_path / "spiece.model").symlink_to(tmp_path / "moved" / "spiece.model")
     with pytest.raises(ModelFileError, match="is a broken symbolic link") as err:
-        te.TextEncoder.load(layouts["wan"], device="cpu", tokenizer=tmp_path / "spiece.model")
+        te.load_text_encoder(layouts["wan"], device="cpu", tokenizer=tmp_path / "spiece.model")
     assert str(tmp_path / "moved" / "spiece.model") in str(err.value)

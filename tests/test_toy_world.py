@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
-from sdvg.models.patch_vae import PatchLatentModel, PatchVAE, fit_patch_bases, is_patch_vae_file, write_patch_vae
+from sdvg.loaders.patch_vae import is_patch_vae_file, write_patch_vae
+from sdvg.models.patch_vae import PatchLatentModel, PatchVAE, fit_patch_bases
 from sdvg.toy.judge import judge, judge_metric, validate_judge
 from sdvg.toy.world import (
     CLIP_FRAMES,

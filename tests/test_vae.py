@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
+from sdvg.loaders.vae import load_streaming_vae
 from sdvg.models.vae import StreamingVAE, VAEState, latent_to_pixel_frames
 from tests.inputs import latents as _lat
 
@@ -14,7 +15,7 @@ H = W = 2  # latent size of most tests: 16x16 pixels keeps the suite fast
 
 @pytest.fixture()
 def vae(tiny_vae_path):
-    return StreamingVAE.load(tiny_vae_path, device="cpu", dtype="fp32")
+    return load_streaming_vae(tiny_vae_path, device="cpu", dtype="fp32")
 
 
 def _unnormalize(vae: StreamingVAE, z: torch.Tensor) -> torch.Tensor:
@@ -104,7 +105,7 @@ def test_snapshot_holds_references_and_decoder_never_mutates_entries(vae):
 
 
 def test_restore_rejects_foreign_state(vae, tiny_vae_path):
-    other = StreamingVAE.load(tiny_vae_path, device="cpu", dtype="fp32")
+    other = load_streaming_vae(tiny_vae_path, device="cpu", dtype="fp32")
     with pytest.raises(ConfigError):
         vae.restore(other.snapshot())
     with pytest.raises(ConfigError):

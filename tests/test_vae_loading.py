@@ -14,14 +14,13 @@ from safetensors.torch import save_file
 
 from sdvg.errors import ConfigError, ModelFileError
 from sdvg.fixtures.tiny import TINY_VAE_CONFIG, build_tiny_vae_model, write_tiny_vae
-from sdvg.loaders.vae import wan_vae_to_original_keys
-from sdvg.models.vae import StreamingVAE
+from sdvg.loaders.vae import load_streaming_vae, wan_vae_to_original_keys
 from tests.inputs import latents as _lat
 
 
 @pytest.fixture()
 def vae(tiny_vae_path):
-    return StreamingVAE.load(tiny_vae_path, device="cpu", dtype="fp32")
+    return load_streaming_vae(tiny_vae_path, device="cpu", dtype="fp32")
 
 
 def test_inverse_key_mapping_roundtrips_through_diffusers():
@@ -67,14 +66,14 @@ def test_all_load_formats_give_identical_outputs(vae, tiny_vae_path, tmp_path):
     z0, z1 = _lat(40, f=2), _lat(41, f=1)
     ref = [vae.decode_block(z0), vae.decode_block(z1)]
     for path in (pth, folder, flat, pipeline_dir):
-        other = StreamingVAE.load(path, device="cpu", dtype=torch.float32)
+        other = load_streaming_vae(path, device="cpu", dtype=torch.float32)
         out = [other.decode_block(z0), other.decode_block(z1)]
         assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True)), path
 
 
 def test_reduced_precision_weights_and_input_casting(tiny_vae_path):
     for dt in ("bf16", "fp16"):
-        v = StreamingVAE.load(tiny_vae_path, device="cpu", dtype=dt)
+        v = load_streaming_vae(tiny_vae_path, device="cpu", dtype=dt)
         assert v.dtype == next(v.model.parameters()).dtype != torch.float32
         out = v.decode_block(_lat(0, h=2, w=2).double())
         assert out.dtype == torch.float32 and out.shape == (9, 16, 16, 3)
@@ -121,15 +120,15 @@ def test_bad_files_raise_model_file_error_naming_the_file(tmp_path, tiny_vae_pat
     }
     for path, pattern in cases.items():
         with pytest.raises(ModelFileError, match=pattern) as info:
-            StreamingVAE.load(path, device="cpu", dtype="fp32")
+            load_streaming_vae(path, device="cpu", dtype="fp32")
         assert path.name in str(info.value), str(info.value)
 
 
 def test_bad_dtype_and_device(tiny_vae_path):
     with pytest.raises(ConfigError):
-        StreamingVAE.load(tiny_vae_path, device="cpu", dtype="fp8_e4m3fn")
+        load_streaming_vae(tiny_vae_path, device="cpu", dtype="fp8_e4m3fn")
     with pytest.raises(ConfigError):
-        StreamingVAE.load(tiny_vae_path, device="cpu", dtype="int4")
+        load_streaming_vae(tiny_vae_path, device="cpu", dtype="int4")
 
 
 def test_real_wan21_layout_is_inferred_from_shapes():
@@ -160,7 +159,7 @@ def test_wan22_vae_in_diffusers_layout_is_refused(tmp_path):
         {"_class_name": "AutoencoderKLWan", "z_dim": 48, "is_residual": True, "base_dim": 4}))
     for path in (flat, folder):
         with pytest.raises(ModelFileError, match="Wan 2.2") as info:
-            StreamingVAE.load(path, device="cpu", dtype="fp32")
+            load_streaming_vae(path, device="cpu", dtype="fp32")
         assert path.name in str(info.value)
 
 
@@ -171,7 +170,7 @@ def test_png_renamed_as_a_vae_is_called_a_png_image(tmp_path, suffix):
     path = tmp_path / f"wan_2.1_vae{suffix}"
     Image.new("RGB", (8, 8), "red").save(path, format="PNG")
     with pytest.raises(ModelFileError, match="this is a PNG image, not a checkpoint") as err:
-        StreamingVAE.load(path, device="cpu")
+        load_streaming_vae(path, device="cpu")
     assert str(path) in str(err.value) and "truncated" not in str(err.value)
 
 
@@ -179,6 +178,6 @@ def test_broken_link_to_a_vae_names_its_target(tmp_path):
     link = tmp_path / "wan_2.1_vae.safetensors"
     link.symlink_to(tmp_path / "old" / "wan_2.1_vae.safetensors")
     with pytest.raises(ModelFileError, match="is a broken symbolic link") as err:
-        StreamingVAE.load(link, device="cpu")
+        load_streaming_vae(link, device="cpu")
     assert str(tmp_path / "old" / "wan_2.1_vae.safetensors") in str(err.value)
     assert "not found" not in str(err.value)

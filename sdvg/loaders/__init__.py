@@ -6,9 +6,10 @@ from ..facade import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "bundle": "SDVGModels find_model_file load_models roles_needed",
     "from_weights": "dit_from_weights",
-    "lora": "LoraSpec lora_param_shapes parse_lora_arg read_lora",
+    "lora": "LoraSpec parse_lora_arg read_lora",
     "model_info": "describe_model_file",
     "reward": "load_image_reward",
+    "text_encoder": "load_text_encoder",
     "vae_open": "open_vae",
     "wan": "inspect_dit_checkpoint load_dit",
 })

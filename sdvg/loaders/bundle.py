@@ -109,8 +109,8 @@ def load_models(
     setting (see ``wan_loading.load_dit``); ``text_device``: the text encoder's own device (default ``aux_device``).
     The text encoder loads first and each DiT is checked against it (and the drafter against the target) right after
     it loads, so a mismatched file is named before the rest is loaded."""
-    from ..models.text_encoder import TextEncoder
     from .reward import load_image_reward
+    from .text_encoder import load_text_encoder
     from .vae_open import open_vae
     from .wan import load_dit
 
@@ -124,7 +124,7 @@ def load_models(
     # on the CPU beside CUDA DiTs the encoder runs once per prompt in bf16 (half the RAM of fp32; the DiTs read bf16)
     text_dtype = torch.bfloat16 if text_dev.type != "cpu" or dit_dev.type == "cuda" else torch.float32
     logger.info("loading models: %s", {k: str(v) for k, v in paths.items()})
-    encoder = (TextEncoder.load(paths["text_encoder"], device=text_dev, dtype=text_dtype)
+    encoder = (load_text_encoder(paths["text_encoder"], device=text_dev, dtype=text_dtype)
                if "text_encoder" in paths else None)
     dits: dict[str, torch.nn.Module] = {}
     for role in ("target", "drafter"):
@@ -160,7 +160,8 @@ def _model_paths(need: Sequence[str], explicit: dict, models_dir) -> dict[str, P
 
 def _check_loras(loras: dict[str, Sequence[LoraSpec]], paths: dict[str, Path]) -> dict[str, list]:
     """Every LoRA read and matched to its DiT's header (no DiT weight is read) → the prepared files per role."""
-    from .lora import lora_param_shapes, prepare_loras
+    from ..models.dit import dit_param_shapes
+    from .lora import prepare_loras
     from .wan import inspect_dit_checkpoint
 
     prepared = {}
@@ -172,7 +173,7 @@ def _check_loras(loras: dict[str, Sequence[LoraSpec]], paths: dict[str, Path]) -
                               "or the drafter DiT.")
         info = inspect_dit_checkpoint(paths[role])
         what = f"the {role} {paths[role]} ({info.size_label})"
-        prepared[role] = prepare_loras(specs, lora_param_shapes(info.config), what=what).loras
+        prepared[role] = prepare_loras(specs, dit_param_shapes(info.config), what=what).loras
     return prepared
 
 

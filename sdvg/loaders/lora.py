@@ -417,12 +417,3 @@ def describe_lora(path: str | os.PathLike) -> str | None:
     return (f"{path}: a Wan DiT LoRA in the {FORMATS[fmt]} layout for a DiT of {_made_for(scan)}\n"
             f"  {len(ck.tensors)} tensors on {len(scan['modules'])} modules; rank {rank_text}; {scan['diffs']} full "
             "diffs; merged at load time (--target-lora / --drafter-lora FILE:STRENGTH)")
-
-
-def lora_param_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """The diffusers-named parameter shapes of a DiT with ``config`` (built on the meta device: no memory)."""
-    from ..models.dit import CausalWanTransformer
-
-    with torch.device("meta"):
-        model = CausalWanTransformer(**config)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -3,7 +3,7 @@
 Accepted: the original Wan key layout (Comfy-Org ``wan_2.1_vae.safetensors``, Wan-AI ``Wan2.1_VAE.pth``), a
 diffusers folder (also a pipeline root holding ``vae/``) or a diffusers-keyed file. The architecture is inferred from
 tensor shapes, so the tiny test VAE loads through the same path as the real one. The streaming decoder built on the
-result lives in ``vae.py``.
+result lives in ``models/vae.py``; :func:`load_streaming_vae` wraps a file in it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
 from ..devices import default_compute_dtype, parse_dtype, resolve_device
 from ..errors import ConfigError, ModelFileError
+from ..models.vae import StreamingVAE
 from .checkpoint import (
     Checkpoint,
     common_prefix,
@@ -34,7 +35,7 @@ from .file_checks import broken_link
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_wan_vae", "build_vae_model", "read_vae_state_dict", "infer_vae_config", "wan_vae_to_original_keys"]
+__all__ = ["load_streaming_vae", "load_wan_vae", "build_vae_model", "read_vae_state_dict", "infer_vae_config", "wan_vae_to_original_keys"]
 
 VAE_SUFFIXES = (".safetensors", ".sft", ".pth", ".pt", ".ckpt", ".bin")
 META_CONFIG = "sdvg_config"  # safetensors metadata entry: the AutoencoderKLWan config as JSON (tiny test VAE)
@@ -326,3 +327,10 @@ def load_wan_vae(path: str | Path, *, device: str | torch.device = "auto",
     model = build_vae_model(path, sd, cfg_hint).to(device=dev)
     logger.info("Loaded Wan 2.1 VAE from %s (%s) on %s as %s", path, fmt, dev, dt)
     return model
+
+
+def load_streaming_vae(path: str | Path, *, device: str | torch.device = "auto",
+                       dtype: str | torch.dtype | None = "auto") -> StreamingVAE:
+    """A Wan 2.1 VAE from an original-key file (.safetensors/.pth), a diffusers folder or file, as the streaming
+    decoder (:func:`load_wan_vae`)."""
+    return StreamingVAE(load_wan_vae(path, device=device, dtype=dtype), source=str(Path(path).expanduser()))

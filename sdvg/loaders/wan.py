@@ -33,12 +33,12 @@ from torch import nn
 
 from ..devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
 from ..errors import ModelFileError
-from ..models.dit import CausalWanTransformer
+from ..models.dit import CausalWanTransformer, dit_param_shapes
 from ..models.offload import DEFAULT_RESERVE_BYTES, check_dit_fits, offload_model
 from . import checkpoint
 from .checkpoint import describe_keys, looks_like, parameters_on_meta, prefix_before, torch_load, unwrap_state_dict
 from .file_checks import require_path
-from .lora import LoraFile, LoraSpec, MergedTensors, lora_param_shapes, prepare_loras
+from .lora import LoraFile, LoraSpec, MergedTensors, prepare_loras
 from .safetensors_io import LazyTensors, ReadOnAccess, read_safetensors_header
 from .wan_keys import (
     META_NUM_HEADS,
@@ -473,7 +473,7 @@ def load_dit(
             "SDVG needs a Wan 2.1 T2V model on the 16-channel Wan 2.1 VAE latent space."
         )
     param_dtype, fp8 = _resolve_dtype(dtype, info, dev)
-    merge = prepare_loras(loras, lora_param_shapes(info.config), what=f"{path} ({info.size_label})") if loras else None
+    merge = prepare_loras(loras, dit_param_shapes(info.config), what=f"{path} ({info.size_label})") if loras else None
     resident = check_dit_fits(path, info, param_dtype, fp8, dev, offload_blocks, offload_reserve_bytes)
     offload = resident is not None and resident < info.config["num_layers"]
     build_dev = torch.device("cpu") if offload else dev

@@ -5,7 +5,7 @@ ImageReward verifier, the UMT5 text encoder and the transformer-block offloader.
 from ..facade import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "dit": "CausalWanTransformer",
+    "dit": "CausalWanTransformer dit_param_shapes",
     "kv_cache": "CrossAttnCache SelfKVCache kv_cache_nbytes",
     "offload": "BlockOffloader offload_model parse_offload",
     "patch_vae": "PatchVAE",

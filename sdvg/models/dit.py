@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -411,3 +412,10 @@ class CausalWanTransformer(WanTransformer3DModel):
             return self._sdpa(q, k, v, mask)
 
         return self._run(x, t, cross, frame_offset, attend)
+
+
+def dit_param_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The diffusers-named parameter shapes of a DiT with ``config`` (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = CausalWanTransformer(**config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -80,9 +80,9 @@ def dit_offload_plan(config: dict, num_params: int, element_size: int, spec, dev
                      reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> tuple[int | None, int, int]:
     """For a DiT with ``config`` stored at ``element_size`` bytes per parameter: (resident blocks or None, bytes on
     ``device``, bytes per block)."""
-    from ..loaders.lora import lora_param_shapes
+    from .dit import dit_param_shapes
 
-    shapes = lora_param_shapes(config)
+    shapes = dit_param_shapes(config)
     block = element_size * sum(math.prod(v) for k, v in shapes.items() if k.startswith("blocks.0."))
     layers = int(config["num_layers"])
     other = num_params * element_size - layers * block

@@ -9,23 +9,16 @@ at width 8).
 
 File: a safetensors file with ``first.basis [16, 192]``, ``first.mean [192]``, ``group.basis [16, 768]``,
 ``group.mean [768]``, ``latents_mean [16]``, ``latents_std [16]`` and the metadata ``sdvg_kind =
-"sdvg_patch_vae"``. :func:`sdvg.vae_open.open_vae` recognises it; the Wan loaders refuse it by name.
+"sdvg_patch_vae"``, read and written by ``loaders/patch_vae.py``; :func:`sdvg.loaders.open_vae` recognises it and
+the Wan loaders refuse it by name.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-from pathlib import Path
-
 import torch
 
-from ..devices import default_compute_dtype, parse_dtype, resolve_device
-from ..errors import ConfigError, ModelFileError
-from ..loaders.checkpoint import load_checkpoint
+from ..errors import ConfigError
 from .vae import StreamingVAE
-
-logger = logging.getLogger(__name__)
 
 KIND = "sdvg_patch_vae"
 Z = 16
@@ -56,20 +49,6 @@ class PatchLatentModel(torch.nn.Module):
             self.register_parameter(key.replace(".", "_"), torch.nn.Parameter(tensors[key].clone(), requires_grad=False))
 
 
-def is_patch_vae_file(path: str | Path) -> bool:
-    """Whether ``path`` is a patch latent file (by its safetensors metadata; reads the header only)."""
-    p = Path(path)
-    if p.is_dir() or p.suffix != ".safetensors" or not p.is_file():
-        return False
-    from ..loaders.safetensors_io import read_safetensors_header
-
-    try:
-        meta = read_safetensors_header(p).metadata
-    except (OSError, ValueError, ModelFileError):
-        return False
-    return meta.get("sdvg_kind") == KIND
-
-
 class PatchVAE(StreamingVAE):
     """The patch latent model behind the ``StreamingVAE`` interface (decode per block, snapshot/restore, encode)."""
 
@@ -85,23 +64,6 @@ class PatchVAE(StreamingVAE):
         self._n_dec = self._n_enc = 0
         self._upsample_slot = None
         self.reset()
-
-    @classmethod
-    def load(cls, path: str | Path, *, device: str | torch.device = "auto",
-             dtype: str | torch.dtype | None = "auto") -> PatchVAE:
-        path = Path(path).expanduser()
-        dev = resolve_device(device, what="VAE")
-        dt = parse_dtype(dtype, default=default_compute_dtype(dev))
-        if not isinstance(dt, torch.dtype):
-            raise ConfigError(f"The patch latent model does not support the weight dtype {dtype!r}; use fp32.")
-        ck = load_checkpoint(path)
-        missing = [k for k in KEYS if k not in ck.tensors]
-        if missing:
-            raise ModelFileError(f"{path}: a patch latent file without {', '.join(missing)}; rewrite it with "
-                                 "`python -m sdvg toy train`.")
-        model = PatchLatentModel({k: ck.tensors[k].float() for k in KEYS}).to(device=dev, dtype=torch.float32)
-        logger.info("Loaded the patch latent model %s on %s", path, dev)
-        return cls(model, source=str(path))
 
     # ---- the linear maps -----------------------------------------------------------------------------------
     def _maps(self, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +132,7 @@ class PatchVAE(StreamingVAE):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# fitting and writing (used by the toy world's training)
+# fitting (used by the toy world's training; ``loaders.patch_vae.write_patch_vae`` writes the file)
 
 
 def fit_patch_bases(clips: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -192,13 +154,3 @@ def fit_patch_bases(clips: torch.Tensor) -> dict[str, torch.Tensor]:
     out["latents_mean"] = torch.zeros(Z)
     out["latents_std"] = torch.full((Z,), float(scale))
     return out
-
-
-def write_patch_vae(tensors: dict[str, torch.Tensor], path: str | Path, *, note: dict | None = None) -> Path:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"sdvg_kind": KIND, "sdvg_note": json.dumps(note or {})}
-    save_file({k: tensors[k].contiguous() for k in KEYS}, str(path), metadata=meta)
-    return path

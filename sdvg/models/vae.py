@@ -13,20 +13,18 @@ The layers are diffusers' ``AutoencoderKLWan``; this module owns only the stream
 * ``encode_frame`` encodes one pixel frame as the first frame of a fresh causal encoder stream (used by the
   windowed-recompute regime to re-encode an old frame as context).
 
-Reading VAE files (every key layout, config from shapes) is ``vae_loading.py``; ``StreamingVAE.load`` calls it.
+Reading VAE files (every key layout, config from shapes) is ``loaders/vae.py``: ``load_streaming_vae`` builds this.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
 from ..errors import ConfigError
-from ..loaders.vae import load_wan_vae
 
 logger = logging.getLogger(__name__)
 
@@ -109,13 +107,6 @@ class StreamingVAE:
         self.reset()
 
     # ---- loading -------------------------------------------------------------------------------------------
-    @classmethod
-    def load(cls, path: str | Path, *, device: str | torch.device = "auto",
-             dtype: str | torch.dtype | None = "auto") -> StreamingVAE:
-        """Load a Wan 2.1 VAE from an original-key file (.safetensors/.pth), a diffusers folder or file
-        (``vae_loading.load_wan_vae``)."""
-        return cls(load_wan_vae(path, device=device, dtype=dtype), source=str(Path(path).expanduser()))
-
     # ---- latent normalization ------------------------------------------------------------------------------
     def _check_channels(self, latents: torch.Tensor, what: str) -> None:
         if not torch.is_tensor(latents) or latents.ndim != 5 or latents.shape[1] != self.z_dim:

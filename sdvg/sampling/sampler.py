@@ -105,15 +105,15 @@ class SpeculativeSampler:
         wants = {"target": ("forward_block", "config"), "drafter": ("forward_block", "config"),
                  "vae": ("decode_block", "snapshot", "restore", "encode_frame"), "reward": ("score",),
                  "text_encoder": ("encode",)}
-        loaders = {"target": "load_dit", "drafter": "load_dit", "vae": "StreamingVAE.load",
-                   "reward": "load_image_reward", "text_encoder": "TextEncoder.load"}
+        loaders = {"target": "load_dit", "drafter": "load_dit", "vae": "open_vae",
+                   "reward": "load_image_reward", "text_encoder": "load_text_encoder"}
         for role, needed in wants.items():
             model = getattr(models, role, None)
             if model is not None and not all(hasattr(model, a) for a in needed):
                 raise ConfigError(f"models.{role} is a {type(model).__name__}, not what the {role} needs: load it with "
                                   f"{loaders[role]}.")
         if models.vae is None:
-            raise ConfigError("models.vae is missing: every run decodes its blocks (StreamingVAE.load).")
+            raise ConfigError("models.vae is missing: every run decodes its blocks (open_vae).")
         width = getattr(models.text_encoder, "text_dim", None)
         for role in ("target", "drafter"):
             dit = getattr(models, role)

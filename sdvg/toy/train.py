@@ -68,7 +68,8 @@ class ToyTrainConfig:
 
 
 def _fit_vae(cfg: ToyTrainConfig, path: Path) -> None:
-    from ..models.patch_vae import fit_patch_bases, write_patch_vae
+    from ..loaders.patch_vae import write_patch_vae
+    from ..models.patch_vae import fit_patch_bases
 
     clips, _ = render_batch(torch.Generator().manual_seed(cfg.seed), cfg.vae_clips, CLIP_FRAMES)
     write_patch_vae(fit_patch_bases(clips), path, note={"clips": cfg.vae_clips, "seed": cfg.seed})
@@ -82,9 +83,9 @@ def _write_text(path: Path) -> None:
 
 
 def _text_bank(out: Path) -> CaptionBank:
-    from ..models.text_encoder import TextEncoder
+    from ..loaders.text_encoder import load_text_encoder
 
-    te = TextEncoder.load(out / FILES["text_encoder"], device="cpu", dtype="fp32")
+    te = load_text_encoder(out / FILES["text_encoder"], device="cpu", dtype="fp32")
     return CaptionBank(te.encode, all_captions())
 
 

@@ -41,11 +41,11 @@ class PromptBank:
 
 
 def _encode(prompts: list[str], text_encoder: str | None) -> PromptBank:
-    from ..models.text_encoder import TextEncoder
+    from ..loaders.text_encoder import load_text_encoder
 
     if text_encoder is None:
         raise ConfigError("Encoding prompts needs a text encoder: --text-encoder FILE.")
-    te = TextEncoder.load(text_encoder, device="cpu", dtype="fp32")
+    te = load_text_encoder(text_encoder, device="cpu", dtype="fp32")
     with torch.no_grad():
         embeds = torch.cat([te.encode(p).float().cpu() for p in prompts])
         negative = te.encode("").float().cpu()
