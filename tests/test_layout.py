@@ -176,3 +176,60 @@ def test_no_engine_file_is_over_500_lines():
     sizes = {p.relative_to(REPO).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
              for p in (REPO / "sdvg").rglob("*.py")}
     assert not {k: v for k, v in sizes.items() if v > 500}, sizes
+
+
+def test_models_never_import_loaders_or_anything_above_them():
+    """Loading flows one way: ``loaders → models``. A model reads no file and imports no loader (nor the sampler,
+    the outputs, the CLI …): only the foundation modules at the top level and other models."""
+    graph = _engine_import_graph()
+    foundation = {p.stem for p in (REPO / "sdvg").glob("*.py")} - {"__init__", "__main__"}
+    for name, deps in sorted(graph.items()):
+        if name == "models" or name.startswith("models."):
+            above = {d for d in deps if d not in foundation and not (d == "models" or d.startswith("models."))}
+            assert not above, f"sdvg/{name.replace('.', '/')}.py imports {sorted(above)}: models import no loaders"
+    assert "models.dit" in graph and any(d.startswith("models") for d in graph["loaders.wan"])  # the graph is real
+
+
+def _engine_packages() -> set[str]:
+    return {p.parent.name for p in (REPO / "sdvg").glob("*/__init__.py")}
+
+
+def _engine_imports_of(path: Path, package_parts: list[str]) -> list[tuple[int, str]]:
+    """(line, dotted target inside sdvg) of every relative import of ``path`` that reaches the engine. ``package_parts``
+    is the importing module's package as seen from the repository root (``["nodes"]``, ``["sdvg", "cli"]``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package_parts[: len(package_parts) - (node.level - 1)]
+            target = [*base, *(node.module.split(".") if node.module else [])]
+            if target[:1] == ["sdvg"]:
+                found.append((node.lineno, ".".join(target[1:])))
+    return found
+
+
+def test_nodes_and_cli_import_only_package_facades():
+    """The ComfyUI nodes and the CLI use the engine through ``sdvg`` and its packages' ``__init__`` (the facades),
+    never a module inside a package: the facades are the public API, the modules behind them may move."""
+    facades = {"", *_engine_packages()}
+    files = [(p, ["nodes"]) for p in sorted((REPO / "nodes").glob("*.py"))]
+    files += [(p, ["sdvg", "cli"]) for p in sorted((REPO / "sdvg" / "cli").glob("*.py"))]
+    files.append((REPO / "__init__.py", []))
+    seen = 0
+    for path, package in files:
+        for line, target in _engine_imports_of(path, package):
+            seen += 1
+            if package == ["sdvg", "cli"] and target in {"cli", "errors", "facade"}:
+                continue  # the CLI's own modules; the foundation's errors
+            assert target in facades, (
+                f"{path.relative_to(REPO)}:{line} imports sdvg.{target}: import from the package facade "
+                f"(sdvg.{target.split('.')[0]}) instead")
+    assert seen > 20  # the rule looked at real imports
+
+
+def test_engine_top_level_is_the_foundation_only():
+    """At most 10 modules at sdvg/'s top level; everything else lives in a subpackage with a facade."""
+    modules = sorted(p.name for p in (REPO / "sdvg").glob("*.py"))
+    assert len(modules) <= 10, modules
+    for package in _engine_packages():
+        assert (REPO / "sdvg" / package / "__init__.py").read_text(encoding="utf-8").strip(), f"{package} has no facade"
