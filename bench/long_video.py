@@ -44,7 +44,7 @@ def main() -> None:
     p.add_argument("--blocks", default="7,28,112")
     p.add_argument("--cache", default="recompute,noisy")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--mode", default="speculative")
+    p.add_argument("--mode", default="reward")
     p.add_argument("--compare-kept", action="store_true", help="also run with --save-frames (whole video in RAM)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

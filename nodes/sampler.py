@@ -16,7 +16,16 @@ import torch
 from comfy_api.latest import io
 
 from ..sdvg import ConfigError, to_jsonable
-from ..sdvg.sampling import POSITIONS, PROFILES, REGIMES, STEP_NOISES, CacheConfig, runs_model
+from ..sdvg.sampling import (
+    DEFAULT_PROFILE,
+    POSITIONS,
+    PROFILES,
+    REGIMES,
+    STEP_NOISES,
+    CacheConfig,
+    SamplerConfig,
+    runs_model,
+)
 from ..sdvg.sampling import SCHEDULES as NAMED_SCHEDULES
 from . import _host, _models
 from .handles import DiTHandle
@@ -32,13 +41,14 @@ SCHEDULES = [*NAMED_SCHEDULES, "custom"]
 MAX_BLOCKS = 1000
 IMAGE_WARN_BYTES = 4 * 2**30
 ON_CANCEL = ["stop", "keep finished blocks"]
+# every widget default is the engine's field default (refine_from_step: 0 is the widget's "off", the engine's None)
+_S, _C = SamplerConfig, CacheConfig
 
 
 def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
-                   custom_schedule: str, pipelined: bool = False, refine_from_step: int = 0, profile: str = "sdvg",
-                   positions: str = "absolute", step_noise: str = "fresh"):
+                   custom_schedule: str, pipelined: bool = _S.pipelined, refine_from_step: int = 0,
+                   profile: str = DEFAULT_PROFILE, positions: str = _C.positions, step_noise: str = _S.step_noise):
     """Widget values → a validated engine ``SamplerConfig`` (ConfigError names the problem and the fix)."""
-    from ..sdvg.sampling import SamplerConfig
     from ..sdvg.sampling import profile as compat_profile
 
     if schedule not in SCHEDULES:
@@ -50,7 +60,7 @@ def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: st
         raise ConfigError(f"blocks must be between 1 and {MAX_BLOCKS}, got {blocks}.")
     return SamplerConfig(
         num_blocks=int(blocks), width=int(width), height=int(height), seed=int(seed),
-        cache=CacheConfig(cache, positions=positions if cache == "noisy" else "absolute"),
+        cache=CacheConfig(cache, positions=positions if cache == "noisy" else _C.positions),
         schedule=spec, pipelined=bool(pipelined), refine_from_step=int(refine_from_step) or None,
         compat=compat_profile(profile), step_noise=step_noise,
     ).validate()
@@ -110,20 +120,20 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 SDVG_ROUTER.Input("router", tooltip="The acceptance rule (SDVG Reward Router)."),
                 SDVG_START.Input("start", optional=True, tooltip="Frames to start from (SDVG Start Frames): given first blocks (image-to-video, extension) or video-to-video."),
                 SDVG_REWARD.Input("reward", optional=True, tooltip="ImageReward scorer. Needed in routing mode 'reward' (and for threshold modes that score the target)."),
-                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFF, control_after_generate=True, tooltip="Noise seed. Each block's noise depends only on (seed, block), never on routing."),
-                io.Int.Input("blocks", default=7, min=1, max=MAX_BLOCKS, tooltip="Number of 3-latent-frame blocks. Pixel frames = 12 × blocks − 3 (7 blocks = 81 frames ≈ 5 s at 16 fps). Long videos: use the recompute cache, or noisy with positions = window; the global cache is limited by the model's RoPE table (341 blocks). The IMAGE output holds every frame in RAM (a warning above 4 GiB); the CLI streams to disk instead."),
-                io.Int.Input("width", default=832, min=16, max=2048, step=16, tooltip="Frame width in pixels, a multiple of 16 (both models were trained at 832×480)."),
-                io.Int.Input("height", default=480, min=16, max=2048, step=16, tooltip="Frame height in pixels, a multiple of 16."),
+                io.Int.Input("seed", default=_S.seed, min=0, max=0xFFFFFFFFFFFFFFF, control_after_generate=True, tooltip="Noise seed. Each block's noise depends only on (seed, block), never on routing."),
+                io.Int.Input("blocks", default=_S.num_blocks, min=1, max=MAX_BLOCKS, tooltip="Number of 3-latent-frame blocks. Pixel frames = 12 × blocks − 3 (7 blocks = 81 frames ≈ 5 s at 16 fps). Long videos: use the recompute cache, or noisy with positions = window; the global cache is limited by the model's RoPE table (341 blocks). The IMAGE output holds every frame in RAM (a warning above 4 GiB); the CLI streams to disk instead."),
+                io.Int.Input("width", default=_S.width, min=16, max=2048, step=16, tooltip="Frame width in pixels, a multiple of 16 (both models were trained at 832×480)."),
+                io.Int.Input("height", default=_S.height, min=16, max=2048, step=16, tooltip="Frame height in pixels, a multiple of 16."),
                 io.Combo.Input(
                     "cache",
                     options=CACHE_REGIMES,
-                    default="recompute",
+                    default=_C.regime.value,
                     tooltip="KV-cache regime. recompute: Krea/SDVG windowed recompute (reference). global: Self-Forcing cache with a clean pass per block. noisy: Diagonal forcing, no clean pass, rolling window with sink frames.",
                 ),
                 io.Combo.Input(
                     "schedule",
                     options=SCHEDULES,
-                    default="constant",
+                    default=_S.schedule,
                     tooltip="Denoising steps per block. constant: 4 warped Self-Forcing steps for every block. diagonal: Diagonal Distillation, more steps early, fewer later. custom: the list typed below.",
                 ),
                 io.String.Input(
@@ -131,12 +141,12 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                     default="1000,750,500,250",
                     tooltip="Used when schedule = custom: one comma list of timesteps (0 < t ≤ 1000, decreasing; warped to the shifted table) for all blocks, or a JSON list of lists per block (the last repeats).",
                 ),
-                io.Boolean.Input("pipelined", default=False, tooltip="Overlap verification (decode + score of block b) with drafting block b+1 on a second thread. Faster on two GPUs; a rejected block discards the early draft."),
+                io.Boolean.Input("pipelined", default=_S.pipelined, tooltip="Overlap verification (decode + score of block b) with drafting block b+1 on a second thread. Faster on two GPUs; a rejected block discards the early draft."),
                 io.Int.Input("refine_from_step", default=0, min=0, max=16, tooltip="0 = a rejected block is regenerated by the target from scratch (paper). k ≥ 1 = the target starts at step k from the re-noised draft (cheaper, experimental)."),
-                io.Combo.Input("positions", options=list(POSITIONS), default="absolute", tooltip="RoPE positions of the noisy cache. absolute: every frame at its frame index (as trained; at most the model's 1024-position table, 341 blocks). window: at its slot in the rolling window, so any length fits (the cache stores un-roped keys and ropes them on read). The recompute cache is always window-relative, the global one always absolute."),
+                io.Combo.Input("positions", options=list(POSITIONS), default=_C.positions, tooltip="RoPE positions of the noisy cache. absolute: every frame at its frame index (as trained; at most the model's 1024-position table, 341 blocks). window: at its slot in the rolling window, so any length fits (the cache stores un-roped keys and ropes them on read). The recompute cache is always window-relative, the global one always absolute."),
                 io.Combo.Input("on_cancel", options=ON_CANCEL, default="stop", tooltip="What Cancel does. stop: ComfyUI's usual interrupt, the prompt ends and nothing downstream runs. keep finished blocks: the sampler stops after the current step and outputs the blocks it finished (the report says partial), so a SaveVideo after it still saves them."),
-                io.Combo.Input("profile", options=list(PROFILES), default="sdvg", tooltip="sdvg: our defaults. reference: the SDVG authors' exact behaviour (Krea's 5-step schedule with the t = 0 tail step, Krea's streaming VAE decoder, block 0 shown as 6 frames, target-rate statistics pooled across videos (one node run is one video, so here that changes nothing), ImageReward on uint8 PIL frames) to reproduce their numbers; see docs/REFERENCE.md. Which weights of a .pt load is the loader's business."),
-                io.Combo.Input("step_noise", options=list(STEP_NOISES), default="fresh", tooltip="Between denoising steps the block is re-noised. fresh: with the block's own fresh noise (Self-Forcing, Krea: distilled few-step models; the paper). predicted: with the noise the model predicts, i.e. Euler steps of the flow ODE, for flow-matching models that were not distilled, such as the toy world's (with fresh noise their predictions stay a blurry average)."),
+                io.Combo.Input("profile", options=list(PROFILES), default=DEFAULT_PROFILE, tooltip="sdvg: our defaults. reference: the SDVG authors' exact behaviour (Krea's 5-step schedule with the t = 0 tail step, Krea's streaming VAE decoder, block 0 shown as 6 frames, target-rate statistics pooled across videos (one node run is one video, so here that changes nothing), ImageReward on uint8 PIL frames) to reproduce their numbers; see docs/REFERENCE.md. Which weights of a .pt load is the loader's business."),
+                io.Combo.Input("step_noise", options=list(STEP_NOISES), default=_S.step_noise, tooltip="Between denoising steps the block is re-noised. fresh: with the block's own fresh noise (Self-Forcing, Krea: distilled few-step models; the paper). predicted: with the noise the model predicts, i.e. Euler steps of the flow ODE, for flow-matching models that were not distilled, such as the toy world's (with fresh noise their predictions stay a blurry average)."),
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="All frames [N, H, W, 3], for CreateVideo / SaveVideo."),
@@ -150,8 +160,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
-                        custom_schedule: str, refine_from_step: int, profile: str = "sdvg",
-                        positions: str = "absolute", step_noise: str = "fresh") -> bool | str:
+                        custom_schedule: str, refine_from_step: int, profile: str = DEFAULT_PROFILE,
+                        positions: str = _C.positions, step_noise: str = _S.step_noise) -> bool | str:
         """Queue-time check of the settings (ComfyUI calls it before running anything, so a bad size never
         costs a 14B load). ComfyUI skips its own range checks for the inputs named here: ours cover them."""
         try:
@@ -165,7 +175,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
     @classmethod
     def execute(cls, vae, conditioning, router, seed: int, blocks: int, width: int, height: int, cache: str,
                 schedule: str, custom_schedule: str, pipelined: bool, refine_from_step: int, on_cancel: str = "stop",
-                profile: str = "sdvg", positions: str = "absolute", step_noise: str = "fresh",
+                profile: str = DEFAULT_PROFILE, positions: str = _C.positions, step_noise: str = _S.step_noise,
                 drafter: DiTHandle | None = None,
                 target: DiTHandle | None = None, reward=None, start=None) -> io.NodeOutput:
         from ..sdvg.loaders import SDVGModels

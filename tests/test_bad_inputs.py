@@ -68,6 +68,7 @@ CASES = [
     ("argparse", GEN + OUT + ["--cache", "rolling"], "invalid choice: 'rolling'"),
     ("argparse", GEN + OUT + ["--dtype", "int4"], "invalid choice: 'int4'"),
     ("argparse", GEN + OUT + ["--mode", "fast"], "invalid choice: 'fast'"),
+    ("argparse", GEN + OUT + ["--mode", "speculative"], "invalid choice: 'speculative'"),  # one name: reward
     ("argparse", GEN + OUT + ["--blocks", "3", "--frames", "20"], "not allowed with argument --blocks"),
     ("devices", GEN + OUT + ["--threads", "0"], "--threads must be a whole number ≥ 1"),
     ("devices", GEN + OUT + ["--threads", "-1"], "--threads must be a whole number ≥ 1"),

@@ -233,3 +233,36 @@ def test_engine_top_level_is_the_foundation_only():
     assert len(modules) <= 10, modules
     for package in _engine_packages():
         assert (REPO / "sdvg" / package / "__init__.py").read_text(encoding="utf-8").strip(), f"{package} has no facade"
+
+
+def test_cli_and_node_defaults_are_the_engines(tmp_path):
+    """Every default is declared once, on the engine's config dataclasses: the CLI's flags and the nodes' widgets with
+    nothing set give exactly the engine's default configs."""
+    from sdvg.cli.args import cache_config_from_args, router_config_from_args, sampler_config_from_args
+    from sdvg.cli.commands import build_parser
+    from sdvg.sampling import DEFAULT_PROFILE, PROFILES, CacheConfig, Compat, RouterConfig, SamplerConfig
+    from tests.host import pack, stub
+
+    assert PROFILES[DEFAULT_PROFILE] == Compat()
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--out", str(tmp_path / "v.mp4")])
+    assert router_config_from_args(args) == RouterConfig().validate()
+    assert sampler_config_from_args(args, None) == SamplerConfig().validate()
+    evaluate = build_parser().parse_args(["eval", "--prompts", "p.txt", "--out", str(tmp_path / "e")])
+    assert cache_config_from_args(evaluate) == CacheConfig() and evaluate.seed == SamplerConfig.seed
+
+    stub.install(tmp_path / "models")
+    try:
+        pack.load_pack()
+        engine = pack.submodule("sdvg.sampling")
+        router, sampler = pack.submodule("nodes.router"), pack.submodule("nodes.sampler")
+
+        def widget_defaults(cls, skip=()):
+            return {i.id: i.default for i in cls.define_schema().inputs if i.default is not None and i.id not in skip}
+
+        got = router.build_router_config(**widget_defaults(router.SDVGRewardRouter))
+        assert got == engine.RouterConfig().validate()
+        widgets = widget_defaults(sampler.SDVGSpeculativeSampler, skip={"on_cancel"})
+        assert sampler.sampler_config(**widgets) == engine.SamplerConfig().validate()
+    finally:
+        pack.unload_pack()
+        stub.uninstall()

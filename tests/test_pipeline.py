@@ -69,3 +69,16 @@ def test_missing_and_broken_model_paths_and_bad_devices(tiny_dir, tmp_path):
     for device in ("meta", "xla"):
         with pytest.raises(ConfigError, match=f"The device '{device}' for the DiTs"):
             load_models(tiny_dir, need=("target", "vae"), dit_device=device)
+
+
+def test_the_sampler_checks_the_pair_with_the_same_rule(tiny_models, tmp_path):
+    """Models built elsewhere (a ComfyUI MODEL, the API) meet the same drafter/target check before a run starts."""
+    from dataclasses import replace
+
+    from sdvg.loaders import load_dit
+    from sdvg.sampling import RouterConfig, SamplerConfig, SpeculativeSampler
+
+    odd = load_dit(_write_dit(tmp_path / "odd.safetensors", patch=(1, 1, 1)), dtype="fp32", device="cpu")
+    with pytest.raises(ConfigError, match=r"patch_size is \(1, 1, 1\) for the drafter and \(1, 2, 2\) for the target\."):
+        SpeculativeSampler(replace(tiny_models, drafter=odd), RouterConfig(), SamplerConfig(num_blocks=2, width=32,
+                                                                                            height=32))

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..sampling.calls import CALL_KINDS
+from ..sampling.regimes import CacheConfig
 from .costs import CostModel, kv_bytes_for, paired_speedup, pattern_counts, segment_min_wall
 from .tracing import PHASES, RunMeasure
 
@@ -38,8 +39,6 @@ def _median(xs: Sequence[float]) -> float | None:
 
 def row_basics(v, runs: list[RunMeasure], pattern, models, s, result) -> dict:
     """A row's own figures: acceptance and pattern, walls, phases, call counts against the analytic model, memory."""
-    from ..sampling.regimes import CacheConfig
-
     first = runs[0]
     drafted = [r for r in result.blocks if r.drafted]
     accepted = sum(1 for r in drafted if r.decision == "accept")
@@ -181,7 +180,7 @@ def machine(device: torch.device) -> dict:
 # ---------------------------------------------------------------------------------------------------------- goals
 
 
-def steady_start(regime: str, schedule: str, window: int = 12) -> int:
+def steady_start(regime: str, schedule: str, window: int = CacheConfig.window_frames) -> int:
     """First block whose per-block work no longer changes by design: block 1 (recompute/global), the first block
     with a full rolling window (noisy), and not before block 2 under the diagonal schedule (fewer steps later)."""
     start = 1
@@ -231,7 +230,7 @@ def evaluate_goals(report: dict) -> dict:
     cross = {key: [r[key] for r in sweep if r.get(key) is not None]
              for key in ("efficiency_segment", "efficiency_median_wall", "efficiency_min_wall")}
     ovh = [r["overhead"] for r in rows if r["overhead"] is not None]
-    window = report.get("settings", {}).get("window", 12)
+    window = report.get("settings", {}).get("window", CacheConfig.window_frames)
     flat = {f"{r['regime']}/{r['schedule']}": per_block_growth(r["per_block_s"], steady_start(r["regime"], r["schedule"], window))
             for r in rows if r["router"] == "target-only"}
     pipe = _pipelined_gains(rows)

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling.compat import Compat
+from ..sampling.regimes import CacheConfig
 from .report import finish_report
 from .tracing import CallTracer, RunMeasure, peak_rss_bytes, reset_peak_rss
 from .variants import LEVELS, Variant, configs, default_variants, is_baseline, level_pattern, select
@@ -37,8 +38,8 @@ class BenchSettings:
     warmup: int = 1
     threads: int | None = None
     levels: tuple[float, ...] = LEVELS
-    window: int = 12
-    sinks: int = 3
+    window: int = CacheConfig.window_frames
+    sinks: int = CacheConfig.sink_frames
     prompt: str = BENCH_PROMPT
     only: tuple[str, ...] = ()  # variant groups or names to run (empty: all)
     compat: Compat = field(default_factory=Compat)  # our defaults or the authors' behaviours (--compat reference)

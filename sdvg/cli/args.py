@@ -21,18 +21,19 @@ from ..sampling import (
     MODES,
     POSITIONS,
     REGIMES,
+    STEP_NOISES,
     THRESHOLDS,
     CacheConfig,
     RouterConfig,
+    SamplerConfig,
     add_compat_args,
     compat_from_args,
     parse_pattern,
 )
 
 ROLES = ("drafter", "target", "vae", "text_encoder", "reward")
-# the CLI calls the reward routing mode "speculative"; every other mode keeps its engine name
-CLI_MODES = {("speculative" if m == "reward" else m): m for m in MODES}
-DEFAULT_SIZE = (832, 480)
+# Every default below is the engine's (the config dataclasses' field defaults), read, never restated.
+_R, _C, _S = RouterConfig, CacheConfig, SamplerConfig
 
 
 def _finite_or_inf(text: str) -> float:
@@ -67,74 +68,80 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_cache_args(g) -> None:
-    g.add_argument("--cache", choices=REGIMES, default="recompute", help="KV-cache regime")
-    g.add_argument("--window", type=int, default=12, help="noisy regime: rolling window in latent frames")
-    g.add_argument("--sinks", type=int, default=3, help="noisy regime: pinned sink frames (the first frames ever written)")
-    g.add_argument("--positions", choices=POSITIONS, default="absolute",
+    g.add_argument("--cache", choices=REGIMES, default=_C.regime.value, help="KV-cache regime")
+    g.add_argument("--window", type=int, default=_C.window_frames, help="noisy regime: rolling window in latent frames")
+    g.add_argument("--sinks", type=int, default=_C.sink_frames,
+                   help="noisy regime: pinned sink frames (the first frames ever written)")
+    g.add_argument("--positions", choices=POSITIONS, default=_C.positions,
                    help="noisy regime: RoPE at the frames' absolute positions (length limited by the model's table) or "
                    "at their slots in the window (any length)")
-    g.add_argument("--first-frame", choices=FIRST_FRAME_SOURCES, default="reencode",
+    g.add_argument("--first-frame", choices=FIRST_FRAME_SOURCES, default=_C.first_frame,
                    help="recompute regime: first context frame = an old pixel frame re-encoded (Krea) or latent 0")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--profile") -> None:
     g = p.add_argument_group("sampling")
     size = g.add_mutually_exclusive_group()
-    size.add_argument("--blocks", type=int, help="number of 3-latent-frame blocks (default 7; 12·blocks−3 frames)")
+    size.add_argument("--blocks", type=int, help=f"number of 3-latent-frame blocks (default {_S.num_blocks}; "
+                      "12·blocks−3 frames)")
     size.add_argument("--frames", type=int, help="number of output frames (rounded up to whole blocks, then trimmed)")
-    g.add_argument("--width", type=int, help="multiple of 16 (default 832, tiny preset 64)")
-    g.add_argument("--height", type=int, help="multiple of 16 (default 480, tiny preset 64)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--width", type=int, help=f"multiple of 16 (default {_S.width}, tiny preset 64)")
+    g.add_argument("--height", type=int, help=f"multiple of 16 (default {_S.height}, tiny preset 64)")
+    g.add_argument("--seed", type=int, default=_S.seed)
     add_cache_args(g)
     g.add_argument("--schedule", default=None, help="constant | diagonal | '1000,750,500,250' | JSON list of lists "
-                   "(default constant; the toy world's models: their own 10-step list)")
-    g.add_argument("--step-noise", choices=["fresh", "predicted"], default=None, help="between steps re-noise with "
-                   "fresh noise (Self-Forcing, Krea; the default) or the predicted noise (flow ODE Euler steps, for "
-                   "undistilled flow-matching models; the toy world's default)")
+                   f"(default {_S.schedule}; the toy world's models: their own 10-step list)")
+    g.add_argument("--step-noise", choices=STEP_NOISES, default=None, help="between steps re-noise with "
+                   "fresh noise (Self-Forcing, Krea) or the predicted noise (flow ODE Euler steps, for undistilled "
+                   f"flow-matching models; the toy world's default); default {_S.step_noise}")
     add_drafter_schedule_args(g)
     g.add_argument("--pipelined", action="store_true", help="draft block b+1 while block b is verified")
     g.add_argument("--refine-from-step", type=int, default=None, help="on reject, the target refines the draft from this step")
     g.add_argument("--stitch", action="store_true", help="with --refine-from-step K: step stitch, the target continues "
                    "the drafter's own state at step K (its first K steps are kept; SDVG-hybrid)")
     r = p.add_argument_group("routing")
-    r.add_argument("--mode", choices=list(CLI_MODES), default="speculative")
-    r.add_argument("--random-rate", type=float, default=0.5, help="accept rate of --mode random")
+    r.add_argument("--mode", choices=MODES, default=_R.mode, help=f"routing mode (default {_R.mode}: SDVG)")
+    r.add_argument("--random-rate", type=float, default=_R.random_rate, help="accept rate of --mode random")
     r.add_argument("--pattern", default=None, help="--mode pattern: A/R per drafted block, e.g. AARAAR")
     r.add_argument("--tau", type=_finite_or_inf, default=None, help="acceptance threshold τ (inf = reject all, -inf = "
-                   "accept all; default -0.7, the paper's; the toy world's models: their critic's TOY_TAU)")
-    r.add_argument("--aggregation", choices=AGGREGATIONS, default="min")
-    r.add_argument("--quantile", type=float, default=0.1, help="q for --aggregation quantile")
-    r.add_argument("--threshold", choices=THRESHOLDS, default="fixed")
-    r.add_argument("--target-rate", type=float, default=0.72, help="accept rate aimed at by --threshold target-rate")
-    r.add_argument("--delta", type=float, default=0.5, help="--threshold relative: accept when q ≥ score(block 0) − δ")
+                   f"accept all; default {_R.tau}, the paper's; the toy world's models: their critic's TOY_TAU)")
+    r.add_argument("--aggregation", choices=AGGREGATIONS, default=_R.aggregation)
+    r.add_argument("--quantile", type=float, default=_R.q, help="q for --aggregation quantile")
+    r.add_argument("--threshold", choices=THRESHOLDS, default=_R.threshold)
+    r.add_argument("--target-rate", type=float, default=_R.target_rate,
+                   help="accept rate aimed at by --threshold target-rate")
+    r.add_argument("--delta", type=float, default=_R.delta,
+                   help="--threshold relative: accept when q ≥ score(block 0) − δ")
     r.add_argument("--no-force-reject-first", action="store_true", help="let block 0 be drafted too")
     r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
-    r.add_argument("--cascade", type=int, default=0, help="SDVG-hybrid cascade scoring: score K spread frames first; "
+    r.add_argument("--cascade", type=int, default=_R.cascade, help="SDVG-hybrid cascade scoring: score K spread frames first; "
                    "one below τ is a safe reject (min, fixed τ; 0 = off)")
     add_compat_args(p, profile_flag=profile_flag)
 
 
 def router_config_from_args(args, preset: str | None = None) -> RouterConfig:
-    """The validated router settings; τ defaults to the paper's −0.7, or to the toy critic's when the models are the
-    toy world's (``preset == "toy"``)."""
+    """The validated router settings; τ defaults to the engine's (the paper's), or to the toy critic's when the models
+    are the toy world's (``preset == "toy"``)."""
     from ..toy import TOY_TAU
 
-    mode = CLI_MODES[args.mode]
+    mode = args.mode
     if (args.pattern is not None) != (mode == "pattern"):
         raise ConfigError("--pattern goes with --mode pattern (and --mode pattern needs --pattern, e.g. AARA).")
-    tau = args.tau if args.tau is not None else (TOY_TAU if preset == "toy" else -0.7)
+    tau = args.tau if args.tau is not None else (TOY_TAU if preset == "toy" else _R.tau)
     return RouterConfig(
         mode=mode, tau=tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
         target_rate=args.target_rate, delta=args.delta, force_reject_first=not args.no_force_reject_first,
-        random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit, cascade=getattr(args, "cascade", 0),
+        random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit,
+        cascade=getattr(args, "cascade", _R.cascade),
         pattern=parse_pattern(args.pattern) if args.pattern is not None else None,
     ).validate()
 
 
 def cache_config_from_args(args) -> CacheConfig:
-    return CacheConfig(regime=args.cache, window_frames=getattr(args, "window", 12),
-                       sink_frames=getattr(args, "sinks", 3), first_frame=getattr(args, "first_frame", "reencode"),
-                       positions=getattr(args, "positions", "absolute"))
+    return CacheConfig(regime=args.cache, window_frames=getattr(args, "window", _C.window_frames),
+                       sink_frames=getattr(args, "sinks", _C.sink_frames),
+                       first_frame=getattr(args, "first_frame", _C.first_frame),
+                       positions=getattr(args, "positions", _C.positions))
 
 
 def preset_defaults(preset: str | None) -> dict:
@@ -146,16 +153,15 @@ def preset_defaults(preset: str | None) -> dict:
         return {"size": TOY_SIZE, "blocks": TOY_BLOCKS, "schedule": json.dumps(TOY_SCHEDULE),
                 "step_noise": TOY_STEP_NOISE}
     if preset == "tiny":
-        return {"size": (TINY_WIDTH, TINY_HEIGHT), "blocks": None, "schedule": "constant", "step_noise": "fresh"}
-    return {"size": DEFAULT_SIZE, "blocks": None, "schedule": "constant", "step_noise": "fresh"}
+        return {"size": (TINY_WIDTH, TINY_HEIGHT), "blocks": None, "schedule": _S.schedule, "step_noise": _S.step_noise}
+    return {"size": (_S.width, _S.height), "blocks": None, "schedule": _S.schedule, "step_noise": _S.step_noise}
 
 
-def sampler_config_from_args(args, preset: str | None, *, default_blocks: int = 7, keep_output: bool = True):
+def sampler_config_from_args(args, preset: str | None, *, default_blocks: int = _S.num_blocks,
+                             keep_output: bool = True):
     """The validated ``SamplerConfig`` (size, blocks and schedule default to the preset's when a preset is the model
     source: ``"toy"``, ``"tiny"`` or None); ``keep_output=False`` when the frames are streamed to disk as they come
     (``generate --out``)."""
-    from ..sampling import SamplerConfig
-
     defaults = preset_defaults(preset)
     default_blocks = defaults["blocks"] or default_blocks
     frames = getattr(args, "frames", None)
@@ -248,5 +254,5 @@ def add_drafter_schedule_args(g) -> None:
     g.add_argument("--drafter-schedule", default=None, help="the drafter's own step schedule (a distilled few-step "
                    "drafter beside an undistilled target, e.g. a Diagonal Distillation student: diagonal); default: "
                    "the target's")
-    g.add_argument("--drafter-step-noise", choices=["fresh", "predicted"], default=None, help="the drafter's own "
+    g.add_argument("--drafter-step-noise", choices=STEP_NOISES, default=None, help="the drafter's own "
                    "step noise (a distilled student: fresh); default: the target's")

@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 
 from .. import ConfigError, SDVGError
+from ..sampling import STEP_NOISES, SamplerConfig
 from . import args as cli_args
 
 EXIT_OK, EXIT_ERROR, EXIT_CANCELLED = 0, 2, 130
@@ -144,7 +145,6 @@ def _write_outputs(result, plan, log, video: _StreamedVideo) -> list[str]:
 
 def cmd_generate(args) -> int:
     from .. import RunFailed, set_cpu_threads
-    from ..loaders import roles_needed
     from ..outputs import plan_outputs, summarize
     from ..sampling import SpeculativeSampler
 
@@ -169,7 +169,7 @@ def cmd_generate(args) -> int:
     _check_init_video(args, config)
     plan = plan_outputs({"video": args.out, "report": args.report, "timeline": args.timeline,
                          "latents": args.save_latents, "frames": args.save_frames})
-    models = cli_args.load_from_source(source, args, need=roles_needed(router))
+    models = cli_args.load_from_source(source, args, need=router.roles_needed)
     video, init = _v2v_video(args, config, models.vae), _init_blocks(args, models.vae)
     sampler = SpeculativeSampler(models, router, config)
     progress, fault = _Progress(config.num_blocks), None
@@ -297,14 +297,16 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--no-videos", action="store_true", help="do not write mp4 files")
     cli_args.add_model_args(p)
     g = p.add_argument_group("sampling")
-    g.add_argument("--blocks", type=int, default=None, help="blocks per video (default 7; tiny preset 3)")
+    g.add_argument("--blocks", type=int, default=None, help=f"blocks per video (default {SamplerConfig.num_blocks}; "
+                   "tiny preset 3)")
     g.add_argument("--width", type=int, default=None)
     g.add_argument("--height", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=SamplerConfig.seed)
     cli_args.add_cache_args(g)
-    g.add_argument("--schedule", default=None, help="default constant; the toy world's models: their own")
-    g.add_argument("--step-noise", choices=["fresh", "predicted"], default=None, help="default fresh; the toy "
-                   "world's models: predicted (flow ODE)")
+    g.add_argument("--schedule", default=None, help=f"default {SamplerConfig.schedule}; the toy world's models: their "
+                   "own")
+    g.add_argument("--step-noise", choices=STEP_NOISES, default=None, help=f"default {SamplerConfig.step_noise}; the "
+                   "toy world's models: predicted (flow ODE)")
     cli_args.add_drafter_schedule_args(g)
     cli_args.add_compat_args(p)
     r = p.add_argument_group("Ray (optional extra: pip install '.[ray]')")
@@ -368,7 +370,8 @@ def cmd_eval(args) -> int:
         import_ray()  # a missing extra is named before anything loads
     metrics = [load_metric(spec) for spec in [*world["metrics"], *args.metric]]
     source = cli_args.model_source(args, log=log)
-    config = cli_args.sampler_config_from_args(args, source.preset, default_blocks=3 if source.preset else 7)
+    blocks = 3 if source.preset else SamplerConfig.num_blocks
+    config = cli_args.sampler_config_from_args(args, source.preset, default_blocks=blocks)
     if args.ray:
         return _eval_on_ray(args, source, config, prompts, taus, methods, log)
     models = cli_args.load_from_source(source, args, need=cli_args.ROLES)

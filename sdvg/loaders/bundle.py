@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from ..models.reward import ImageReward
     from ..models.text_encoder import TextEncoder
     from ..models.vae import StreamingVAE
-    from ..sampling.router import RouterConfig
     from .lora import LoraSpec
 
 logger = logging.getLogger(__name__)
@@ -109,6 +108,7 @@ def load_models(
     setting (see ``wan_loading.load_dit``); ``text_device``: the text encoder's own device (default ``aux_device``).
     The text encoder loads first and each DiT is checked against it (and the drafter against the target) right after
     it loads, so a mismatched file is named before the rest is loaded."""
+    from ..models.dit import check_dit_pair
     from .reward import load_image_reward
     from .text_encoder import load_text_encoder
     from .vae_open import open_vae
@@ -132,7 +132,9 @@ def load_models(
             dits[role] = load_dit(paths[role], dtype=dtype, device=dit_dev, loras=prepared.get(role, ()),
                                   offload_blocks=(offload or {}).get(role), pt_weights=pt_weights)
             check_text_width(encoder, paths.get("text_encoder"), dits[role], role, paths[role])
-    check_dit_pair(dits, paths)
+    if len(dits) == 2:
+        check_dit_pair(dits["target"].config, dits["drafter"].config, target_name=f"the target {paths['target']}",
+                       drafter_name=f"the drafter {paths['drafter']}")
     return SDVGModels(
         target=dits.get("target"),
         drafter=dits.get("drafter"),
@@ -208,31 +210,3 @@ def check_text_width(encoder: TextEncoder | None, encoder_path: Path | None, dit
         f"The text encoder {encoder_path} gives {encoder.text_dim}-wide embeddings, but the {role} DiT {dit_path} takes "
         f"text_dim {want}: {fix}."
     )
-
-
-PAIR_KEYS = ("in_channels", "out_channels", "patch_size", "text_dim")  # what drafter and target must share
-
-
-def check_dit_pair(dits: dict[str, torch.nn.Module], paths: dict[str, Path]) -> None:
-    """Drafter and target share the latent space, the patching and the text encoder (the sampler checks again)."""
-    if len(dits) < 2:
-        return
-    target, drafter = dits["target"].config, dits["drafter"].config
-    for key in PAIR_KEYS:
-        if _as_tuple(target[key]) != _as_tuple(drafter[key]):
-            raise ConfigError(
-                f"Drafter and target do not match: {key} is {drafter[key]} for the drafter {paths['drafter']} and "
-                f"{target[key]} for the target {paths['target']}. Both must be Wan 2.1 T2V DiTs sharing the latent "
-                "space and the text encoder: pick a drafter made for this target (e.g. Self-Forcing for Krea)."
-            )
-
-
-def _as_tuple(value) -> tuple:
-    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
-
-
-def roles_needed(router: RouterConfig) -> tuple[str, ...]:
-    """Which models a run with these routing settings uses (``target-only`` needs no drafter; only scored drafts
-    need the reward model)."""
-    roles = ("target",) if router.mode == "target-only" else ("drafter", "target")
-    return (*roles, "vae", "text_encoder", *(("reward",) if router.scores_drafts else ()))

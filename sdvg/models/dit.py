@@ -23,6 +23,22 @@ logger = logging.getLogger(__name__)
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _ROPE_CACHE_MAX = 16
+PAIR_KEYS = ("in_channels", "out_channels", "patch_size", "text_dim")  # what a drafter and its target must share
+
+
+def check_dit_pair(target: Any, drafter: Any, *, target_name: str = "the target",
+                   drafter_name: str = "the drafter") -> None:
+    """Drafter and target (their configs) share the latent space, the patching and the text encoder."""
+    def as_tuple(value: Any) -> tuple:
+        return tuple(value) if isinstance(value, list | tuple) else (value,)
+
+    for key in PAIR_KEYS:
+        if as_tuple(target[key]) != as_tuple(drafter[key]):
+            raise ConfigError(
+                f"Drafter and target do not match: {key} is {drafter[key]} for {drafter_name} and {target[key]} for "
+                f"{target_name}. Both must be Wan 2.1 T2V DiTs sharing the latent space and the text encoder: pick a "
+                "drafter made for this target (e.g. Self-Forcing for Krea)."
+            )
 
 
 def _wide_float(device: torch.device) -> torch.dtype:

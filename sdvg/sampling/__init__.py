@@ -4,7 +4,7 @@ verification and routing, the prompt timeline and given frames, results, the run
 from ..facade import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "compat": "PROFILES Compat add_compat_args compat_from_args profile",
+    "compat": "DEFAULT_PROFILE PROFILES Compat add_compat_args compat_from_args profile",
     "conditioning_frames": "InitBlocks VideoToVideo check_strength",
     "config": "SamplerConfig",
     "footprint": "run_memory",

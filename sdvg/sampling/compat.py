@@ -77,6 +77,9 @@ PROFILES: dict[str, Compat] = {
 }
 
 
+DEFAULT_PROFILE = "sdvg"  # the profile whose switches are Compat()'s defaults
+
+
 def profile(name: str, **overrides: Any) -> Compat:
     """The named profile with single switches replaced (``None`` overrides are ignored)."""
     if name not in PROFILES:
@@ -91,7 +94,7 @@ def profile(name: str, **overrides: Any) -> Compat:
 def add_compat_args(p: argparse.ArgumentParser, *, profile_flag: str = "--profile") -> None:
     """``--profile`` (sdvg | reference) and one flag per switch (each overrides the profile)."""
     g = p.add_argument_group("compatibility with the authors' code (docs/REFERENCE.md)")
-    g.add_argument(profile_flag, dest="compat_profile", choices=list(PROFILES), default="sdvg",
+    g.add_argument(profile_flag, dest="compat_profile", choices=list(PROFILES), default=DEFAULT_PROFILE,
                    help="sdvg (ours) or reference (all six of the authors' behaviours)")
     on_off = {"on": True, "off": False}
     g.add_argument("--t0-tail-step", choices=list(on_off), default=None,
@@ -108,7 +111,7 @@ def add_compat_args(p: argparse.ArgumentParser, *, profile_flag: str = "--profil
 def compat_from_args(args) -> Compat:
     tail = getattr(args, "t0_tail_step", None)
     return profile(
-        getattr(args, "compat_profile", "sdvg") or "sdvg",
+        getattr(args, "compat_profile", None) or DEFAULT_PROFILE,
         t0_tail_step=None if tail is None else tail == "on",
         vae_decoder=getattr(args, "vae_decoder", None), block0_frames=getattr(args, "block0_frames", None),
         pt_weights=getattr(args, "pt_weights", None), threshold_state=getattr(args, "threshold_state", None),

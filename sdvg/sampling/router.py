@@ -168,6 +168,13 @@ class RouterConfig:
             )
 
     @property
+    def roles_needed(self) -> tuple[str, ...]:
+        """The models a run with these settings uses: the DiTs the mode calls, the VAE and the text encoder, and the
+        reward model when drafts are scored."""
+        dits = tuple(role for role in ("drafter", "target") if runs_model(self.mode, role))
+        return (*dits, "vae", "text_encoder", *(("reward",) if self.scores_drafts else ()))
+
+    @property
     def scores_drafts(self) -> bool:
         """Whether every draft is decoded and scored with the reward model."""
         return self.mode == "reward" or (self.score_drafts and self.mode in ("random", "pattern"))

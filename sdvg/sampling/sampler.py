@@ -25,6 +25,7 @@ import torch
 from ..blocks import FRAMES_PER_BLOCK, LATENT_CHANNELS, pixel_frames_for_blocks
 from ..errors import CancelledError, ConfigError, NonFiniteError, RunFailed
 from ..loaders.bundle import SDVGModels
+from ..models.dit import check_dit_pair
 from .calls import CallObserver, Hooks
 from .causal import BlockDenoiser
 from .conditioning_frames import InitBlocks, VideoToVideo
@@ -91,13 +92,7 @@ class SpeculativeSampler:
         for m in dits:
             self._check_dit_fits(m)
         if len(dits) == 2:
-            a, b = (m.config for m in dits)
-            for key in ("in_channels", "out_channels", "patch_size", "text_dim"):
-                if tuple(_as_tuple(a[key])) != tuple(_as_tuple(b[key])):
-                    raise ConfigError(
-                        f"Drafter and target do not match: {key} is {b[key]} for the drafter and {a[key]} for the "
-                        "target. Both must be Wan 2.1 T2V DiTs sharing the latent space and the text encoder."
-                    )
+            check_dit_pair(models.target.config, models.drafter.config)
 
     def _check_model_types(self) -> None:
         """Each model is what its role needs (a wrong object is named, not a raw AttributeError later)."""
@@ -126,7 +121,7 @@ class SpeculativeSampler:
     def _check_dit_fits(self, model: torch.nn.Module) -> None:
         cfg = self.config
         rope_len = int(model.config.get("rope_max_seq_len", 1024))
-        _, p_h, p_w = _as_tuple(model.config["patch_size"])
+        _, p_h, p_w = model.config["patch_size"]
         h, w = cfg.latent_hw
         if max(h // p_h, w // p_w) > rope_len:
             raise ConfigError(f"{cfg.width}×{cfg.height} exceeds the model's RoPE range ({rope_len} tokens per axis).")
@@ -183,10 +178,6 @@ class SpeculativeSampler:
         if fault is not None:
             raise RunFailed(describe_fault(fault, len(run.records)), result) from fault
         return result
-
-
-def _as_tuple(value) -> tuple:
-    return tuple(value) if isinstance(value, list | tuple) else (value,)
 
 
 def _finite(x: torch.Tensor) -> bool:
