@@ -10,7 +10,7 @@ import torch
 from sdvg.errors import ConfigError
 from sdvg.sampling.causal import BlockDenoiser
 from sdvg.sampling.regimes import CacheConfig
-from sdvg.sampling.router import Router, RouterConfig
+from sdvg.sampling.router import FrameScores, Router, RouterConfig
 from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler
 from sdvg.sampling.scheduler import FlowMatchScheduler, build_step_schedule, sample_block_noise
 
@@ -32,7 +32,7 @@ def test_cascade_never_accepts_what_full_scoring_rejects_and_equals_it_for_min()
             return torch.tensor([scores[i] for i in idx])
 
         full = Router(RouterConfig(tau=tau)).decide(1, scores)
-        cascade = Router(RouterConfig(tau=tau, cascade=k)).decide_cascade(1, n, score)
+        cascade = Router(RouterConfig(tau=tau, cascade=k)).decide(1, FrameScores(n, score))
         assert cascade.decision == full.decision, (trial, scores, tau, k)
         assert sorted(i for a in asked for i in a) == list(range(n)) or cascade.decision == "reject"
         assert len(asked[0]) == k and len(set(asked[0])) == k  # the subset is k distinct frames

@@ -260,13 +260,14 @@ def test_reference_forward_parity(tiny_reward, tiny_reward_path):
 
 
 def test_router_early_exit_with_score_chunks(tiny_reward):
-    from sdvg.sampling.router import Router, RouterConfig
+    from sdvg.sampling.router import FrameScores, Router, RouterConfig
 
     x = frames(12, 40, 72, seed=11)
     full = tiny_reward.score(x, PROMPT)
     for tau in (float(full.min()) - 1e-3, float(full.median()), float(full.max()) + 1e-3):
         want = Router(RouterConfig(tau=tau)).decide(1, full)
-        got = Router(RouterConfig(tau=tau, early_exit=True)).decide_streaming(1, tiny_reward.score_chunks(x, PROMPT, 3))
+        chunks = FrameScores(12, lambda idx: pytest.fail("scored at once"), lambda: tiny_reward.score_chunks(x, PROMPT, 3))
+        got = Router(RouterConfig(tau=tau, early_exit=True)).decide(1, chunks)
         assert got.decision == want.decision
         assert got.scores == pytest.approx(full.tolist()[: len(got.scores)], abs=1e-5)  # fp32: chunk and batch sizes change the reduction order
 

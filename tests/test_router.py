@@ -13,6 +13,7 @@ import torch
 from sdvg.errors import ConfigError
 from sdvg.sampling.router import (
     FORCE_FIRST_REASON,
+    FrameScores,
     Router,
     RouterConfig,
     RouteRecord,
@@ -223,7 +224,7 @@ def test_relative_without_reference():
     assert r.forced_target(1) is None and r.decide(1, [0.1]).decision == "accept"
     # a draft decided without a reference (sampler skipped observe) is rejected, not crashed
     r2 = Router(RouterConfig(threshold="relative", force_reject_first=False))
-    rec = r2._decide_scores(1, [5.0])
+    rec = r2.threshold_decision(1, [5.0])
     assert rec.decision == "reject" and rec.tau is None and "no reference" in rec.reason
 
 
@@ -240,9 +241,20 @@ def test_forced_record():
 
 class CountingChunks:
     def __init__(self, values, size):
+        self.values = values
         self.chunks = [torch.tensor(values[i : i + size]) for i in range(0, len(values), size)]
         self.consumed = 0
         self.closed = False
+        self.whole = 0  # times every frame was scored in one call
+
+    def scores(self) -> FrameScores:
+        """The block's scores for the router: in one call, or chunk by chunk."""
+        def score(idx):
+            assert idx is None, "no cascade here"
+            self.whole += 1
+            return torch.tensor(self.values)
+
+        return FrameScores(len(self.values), score, lambda: iter(self))
 
     def __iter__(self):
         try:
@@ -261,13 +273,14 @@ def test_early_exit_same_decisions_as_full_scoring():
         size = rng.choice([1, 3, 4, 12])
         full = Router(RouterConfig(tau=tau)).decide(1, values)
         fast_router = Router(RouterConfig(tau=tau, early_exit=True))
-        assert fast_router.can_exit_early
+        assert fast_router.strategy.exits_early(fast_router.config)
         src = CountingChunks(values, size)
-        fast = fast_router.decide_streaming(1, iter(src))
+        fast = fast_router.decide(1, src.scores())
         assert fast.decision == full.decision, trial
+        assert src.whole == 0  # scored chunk by chunk
         if full.decision == "reject":
             first_bad = next(i for i, v in enumerate(values) if v < tau)
-            assert src.consumed == first_bad // size + 1
+            assert src.consumed == first_bad // size + 1 and src.closed
             assert "early exit" in fast.reason
             assert fast.q < tau
         else:
@@ -275,23 +288,24 @@ def test_early_exit_same_decisions_as_full_scoring():
             assert fast.q == pytest.approx(full.q)
 
 
-def test_streaming_without_early_exit_consumes_all():
+def test_without_early_exit_every_frame_is_scored():
     values = [0.5, -3.0, 0.2, 0.1]
     src = CountingChunks(values, 1)
-    rec = Router(RouterConfig(early_exit=False)).decide_streaming(1, src)
-    assert src.consumed == 4 and rec.q == pytest.approx(-3.0) and rec.decision == "reject"
+    rec = Router(RouterConfig(early_exit=False)).decide(1, src.scores())
+    assert src.whole == 1 and src.consumed == 0 and rec.q == pytest.approx(-3.0) and rec.decision == "reject"
+    assert rec.scores == pytest.approx(values)
     # mean aggregation never exits early even when asked
     r = Router(RouterConfig(early_exit=True, aggregation="mean"))
-    assert not r.can_exit_early
+    assert not r.strategy.exits_early(r.config)
     src = CountingChunks(values, 1)
-    r.decide_streaming(1, src)
-    assert src.consumed == 4
+    r.decide(1, src.scores())
+    assert src.whole == 1 and src.consumed == 0
 
 
 def test_streaming_forced_block_scores_nothing():
     src = CountingChunks([1.0], 1)
-    rec = Router(RouterConfig(early_exit=True)).decide_streaming(0, src)
-    assert rec.decision == "reject" and src.consumed == 0
+    rec = Router(RouterConfig(early_exit=True)).decide(0, src.scores())
+    assert rec.decision == "reject" and src.consumed == 0 and src.whole == 0
 
 
 # ---- records --------------------------------------------------------------------------------------------------

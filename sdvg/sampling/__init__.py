@@ -11,7 +11,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "prompt_schedule": "PromptSchedule",
     "regimes": "FIRST_FRAME_SOURCES POSITIONS REGIMES CacheConfig",
     "results": "BlockEvent BlockRecord SDVGResult StepEvent",
-    "router": "AGGREGATIONS MODES THRESHOLDS RouterConfig parse_pattern runs_model",
+    "router": "AGGREGATIONS MODES THRESHOLDS RouterConfig RouterMode parse_pattern runs_model",
     "sampler": "SpeculativeSampler",
     "scheduler": "SCHEDULES STEP_NOISES",
 })

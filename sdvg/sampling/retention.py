@@ -13,41 +13,49 @@ history it would have read can go. Only the per-block records (a few hundred byt
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
 from ..blocks import pixel_frames_for_blocks
+from .history import BlockHistory
+from .meter import RunMeter
 from .results import FrameBuffer, FrameTail
-from .router import runs_model
+
+if TYPE_CHECKING:
+    from ..models.vae import StreamingVAE
+    from .causal import BlockDenoiser
+    from .config import SamplerConfig
 
 CATCH_UP_BACKLOG = 8
 
 
-def output_store(config) -> FrameBuffer | FrameTail:
+def output_store(config: SamplerConfig) -> FrameBuffer | FrameTail:
     """Every frame (``keep_output``), or the last blocks' only (the frames reach ``on_block``; stream them out)."""
     if config.keep_output:
         return FrameBuffer(pixel_frames_for_blocks(config.num_blocks), config.height, config.width)
     return FrameTail(config.height, config.width)
 
 
-def footprint(run) -> dict:
+def footprint(denoisers: Mapping[str, BlockDenoiser], history: BlockHistory, frames: FrameBuffer | FrameTail,
+              vae: StreamingVAE) -> dict:
     """What the run holds now: KV-cache bytes and frames per model, history blocks, output frames, VAE bytes."""
-    dens = {name: den for name, den in run.denoisers.items() if den.kv is not None}
-    frames = run.frames
+    dens = {name: den for name, den in denoisers.items() if den.kv is not None}
     return {"kv_bytes": {n: d.kv.nbytes for n, d in dens.items()}, "kv_frames": {n: len(d.kv.frames) for n, d in dens.items()},
-            "history_blocks": len(run.history.blocks),
+            "history_blocks": len(history.blocks),
             "frames_held": frames.held_frames if isinstance(frames, FrameTail) else frames.count,
-            "vae_bytes": run.vae.cache_nbytes}
+            "vae_bytes": vae.cache_nbytes}
 
 
-def drop_old_history(run, timings: dict) -> None:
-    """Forget the latents no cache will read any more (keeping the last two blocks)."""
-    hist = run.history
-    keep = len(hist) - 2
-    for name, den in run.denoisers.items():
-        if not runs_model(run.router.config.mode, name):
-            continue
-        need = den.policy.needed_from(den, hist)
-        if len(hist) - need > CATCH_UP_BACKLOG:
-            with run.meter.phase(timings, "cache", den.device):
-                den.sync(hist)
-            need = den.policy.needed_from(den, hist)
+def drop_old_history(history: BlockHistory, denoisers: Sequence[BlockDenoiser], meter: RunMeter,
+                     timings: dict) -> None:
+    """Forget the latents no cache of ``denoisers`` (the models the routing mode runs) will read any more, keeping
+    the last two blocks."""
+    keep = len(history) - 2
+    for den in denoisers:
+        need = den.policy.needed_from(den, history)
+        if len(history) - need > CATCH_UP_BACKLOG:
+            with meter.phase(timings, "cache", den.device):
+                den.sync(history)
+            need = den.policy.needed_from(den, history)
         keep = min(keep, need)
-    hist.drop_before(keep)
+    history.drop_before(keep)

@@ -1,14 +1,15 @@
 """Pure routing logic: accept a drafted block or send it to the target.
 
-No models here; torch is only touched to turn score tensors into floats. The sampler's contract:
+No models here; torch is only touched to turn score tensors into floats. Each mode's rules are its strategy's
+(``routing.py``); the router holds the state. The run's contract:
 
 1. ``reason = router.forced_target(b)``: when not None the target generates block ``b`` without a draft
-   (block 0 with ``force_reject_first`` in ``reward``/``random`` mode; every block in ``target-only`` mode;
-   never in ``draft-only`` mode, the drafter-only baseline). ``router.decide(b)`` then returns
-   the matching reject record.
-2. Otherwise draft and decode. If ``router.needs_scores(b)``, score the frames (``reward`` mode) and call
-   ``router.decide(b, scores)`` (or ``router.decide_streaming(b, reward.score_chunks(...))`` for early exit);
-   other modes call ``router.decide(b)`` without scores.
+   (block 0 with ``force_reject_first`` in ``reward``/``random``/``pattern`` mode; every block in ``target-only``
+   mode; never in ``draft-only`` mode, the drafter-only baseline; under a relative threshold, a block that sets a
+   reference: the first, and each prompt switch given as ``anchors``).
+2. Otherwise draft and decode, and call the one decision entry point ``router.decide(b, FrameScores(...))``: the
+   strategy scores as far as it needs (every frame; a cascade's subset first; chunk by chunk up to the first frame
+   below τ with early exit; nothing in modes that do not score). ``decide(b, values)`` takes scores already made.
 3. After the target produced a block (forced or rejected) and ``router.wants_reference_score(b)``, score the
    target's frames and call ``router.observe_reference(b, scores)`` (``relative`` threshold only).
 
@@ -40,30 +41,45 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import ConfigError
 from ..jsonable import to_jsonable
+from .routing import (
+    AGGREGATIONS,
+    FORCE_FIRST_REASON,
+    MODES,
+    TARGET_ONLY_REASON,
+    FrameScores,
+    RouteRecord,
+    RouterMode,
+    Routing,
+    aggregate,
+    early_exit_scores,
+    fmt,
+    quantile,
+    strategy,
+    to_float_list,
+)
 
-MODES = ("reward", "random", "draft-only", "target-only", "pattern")
-UNUSED_MODEL = {"draft-only": "target", "target-only": "drafter"}  # the DiT a routing mode never runs
+__all__ = ["AGGREGATIONS", "FORCE_FIRST_REASON", "MODES", "TARGET_ONLY_REASON", "THRESHOLDS", "FrameScores",
+           "RouteRecord", "Router", "RouterConfig", "RouterMode", "aggregate", "parse_pattern", "quantile",
+           "random_pattern", "runs_model", "to_float_list"]
+
+THRESHOLDS = ("fixed", "target-rate", "relative")
+MAX_EFFECTIVE_RATE = 0.95
 
 
 def runs_model(mode: str, role: str) -> bool:
     """Whether routing mode ``mode`` ever calls the DiT ``role`` ("target" or "drafter")."""
-    return UNUSED_MODEL.get(mode) != role
-AGGREGATIONS = ("min", "mean", "quantile")
-THRESHOLDS = ("fixed", "target-rate", "relative")
-MAX_EFFECTIVE_RATE = 0.95
-FORCE_FIRST_REASON = "force-reject block 0: anchors composition"
-TARGET_ONLY_REASON = "target-only mode"
+    return strategy(mode).unused_model != role
 
 
 @dataclass
 class RouterConfig:
-    mode: str = "reward"
+    mode: RouterMode | str = RouterMode.REWARD
     tau: float = -0.7
     aggregation: str = "min"
     q: float = 0.1  # quantile for aggregation="quantile"
@@ -94,11 +110,17 @@ class RouterConfig:
         return to_jsonable(asdict(self))
 
     @property
+    def strategy(self) -> Routing:
+        """The rules of this mode (``routing.py``)."""
+        return strategy(self.mode)
+
+    @property
     def drafted_blocks(self) -> int | None:
         """How many blocks get a draft, when the length is known (block 0 is the target's by default)."""
-        if self.num_blocks is None or self.mode == "target-only":
+        rules = self.strategy
+        if self.num_blocks is None or not rules.drafts:
             return None if self.num_blocks is None else 0
-        forced_first = self.force_reject_first and self.mode != "draft-only"
+        forced_first = self.force_reject_first and rules.forces_first
         return self.num_blocks - (1 if forced_first else 0)
 
     def validate(self) -> RouterConfig:
@@ -107,6 +129,7 @@ class RouterConfig:
             value = getattr(self, name)
             if value not in valid:
                 raise ConfigError(f"Unknown router {name} {value!r}. Valid: {', '.join(valid)}.")
+        self.mode = RouterMode(self.mode)
         if not _is_real(self.tau):
             raise ConfigError(f"Router tau must be a number, got {self.tau!r}.")
         if math.isnan(self.tau):
@@ -135,8 +158,7 @@ class RouterConfig:
             raise ConfigError(f"Router num_blocks must be a positive integer or None, got {self.num_blocks!r}.")
         if isinstance(self.cascade, bool) or not isinstance(self.cascade, int) or self.cascade < 0:
             raise ConfigError(f"Router cascade must be a whole number of frames >= 0 (0 = off), got {self.cascade!r}.")
-        if self.cascade and not (self.mode == "pattern" or (self.mode == "reward" and self.aggregation == "min"
-                                                             and self.threshold == "fixed")):
+        if self.cascade and not self.strategy.cascade_allowed(self):
             raise ConfigError("Cascade scoring is a safe reject only for the worst frame against a fixed τ: use mode "
                               "'reward' with aggregation 'min' and threshold 'fixed' (or the bench's pattern mode).")
         if self.cascade and self.early_exit:
@@ -148,7 +170,7 @@ class RouterConfig:
         return self
 
     def _validate_pattern(self) -> None:
-        if self.mode != "pattern":
+        if not self.strategy.uses_pattern:
             if self.pattern is not None:
                 raise ConfigError(f"Router pattern is only used in mode 'pattern', not in mode {self.mode!r}.")
             return
@@ -177,28 +199,7 @@ class RouterConfig:
     @property
     def scores_drafts(self) -> bool:
         """Whether every draft is decoded and scored with the reward model."""
-        return self.mode == "reward" or (self.score_drafts and self.mode in ("random", "pattern"))
-
-
-@dataclass
-class RouteRecord:
-    """One routing decision. ``tau`` is the threshold in force (None when no threshold applied)."""
-
-    block: int
-    decision: str  # "accept" | "reject"
-    reason: str
-    q: float | None = None
-    scores: list[float] = field(default_factory=list)
-    tau: float | None = None
-    aggregation: str | None = None
-
-    @property
-    def accepted(self) -> bool:
-        return self.decision == "accept"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict: non-finite floats become the strings "inf", "-inf" or "nan" (strict JSON has none)."""
-        return to_jsonable(asdict(self))
+        return self.strategy.scores(self)
 
 
 def parse_pattern(text: str) -> tuple[bool, ...]:
@@ -226,80 +227,37 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _fmt(value: float) -> str:
-    if math.isinf(value):
-        return "+inf" if value > 0 else "-inf"
-    return f"{value:.2f}"
-
-
-def to_float_list(scores: Any) -> list[float]:
-    """Scores (tensor, numpy array, sequence, scalar) → list of Python floats."""
-    if scores is None:
-        return []
-    if hasattr(scores, "detach"):  # torch tensor
-        return [float(s) for s in scores.detach().float().cpu().reshape(-1).tolist()]
-    if hasattr(scores, "tolist"):
-        out = scores.tolist()
-        return [float(s) for s in (out if isinstance(out, list) else [out])]
-    if isinstance(scores, (int, float)):
-        return [float(scores)]
-    return [float(s) for s in scores]
-
-
-def quantile(values: Sequence[float], p: float) -> float:
-    """Empirical quantile with linear interpolation between order statistics (numpy's default method)."""
-    xs = sorted(values)
-    if not xs:
-        raise ValueError("quantile of no values")
-    pos = p * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def aggregate(scores: Sequence[float], how: str, q: float = 0.1) -> float:
-    if how == "min":
-        return min(scores)
-    if how == "mean":
-        return math.fsum(scores) / len(scores)
-    if how == "quantile":
-        return quantile(scores, q)
-    raise ConfigError(f"Unknown aggregation {how!r}. Valid: {', '.join(AGGREGATIONS)}.")
-
-
 class Router:
-    def __init__(self, config: RouterConfig | None = None, *, shared_history: list[float] | None = None):
+    """The routing state of one video (the target-rate history, the reference score, the random draws, the records)
+    behind one decision entry point, :meth:`decide`; the rules of its mode are its strategy's (``routing.py``)."""
+
+    def __init__(self, config: RouterConfig | None = None, *, shared_history: list[float] | None = None,
+                 anchors: frozenset[int] = frozenset()):
         self.config = (config or RouterConfig()).validate()
-        self._rng = random.Random(self.config.seed)
+        self.strategy = self.config.strategy
+        self.rng = random.Random(self.config.seed)
         # aggregated scores of drafted blocks, in decision order: this video's, or (``shared_history``, the
         # reference's pooled state) every video's of a run, which the target-rate threshold reads
         self.history: list[float] = [] if shared_history is None else shared_history
         self.reference: float | None = None
+        # blocks where a relative threshold takes a new reference (prompt switches: scores against another prompt
+        # are not comparable with the old one); each is the target's and its score the new reference
+        self._anchors = set(anchors)
         self.records: list[RouteRecord] = []
-        self._drafted = 0  # drafted blocks decided so far (the index into the random draws / the pattern)
+        self.drafted = 0  # drafted blocks decided so far (the index into the random draws / the pattern)
 
-    # ---- questions the sampler asks ------------------------------------------------------------------------
+    # ---- questions the run asks ----------------------------------------------------------------------------
     def forced_target(self, block: int) -> str | None:
-        if self.config.mode == "target-only":
-            return TARGET_ONLY_REASON
-        if self.config.mode == "draft-only":  # the drafter-only baseline generates every block, block 0 included
-            return None
-        if block == 0 and self.config.force_reject_first:
-            return FORCE_FIRST_REASON
-        if self.config.mode == "reward" and self.config.threshold == "relative" and self.reference is None:
-            return f"relative threshold: the target's block {block} sets the reference score"
-        return None
+        """Why the target makes ``block`` without a draft, or None when it is drafted."""
+        return self.strategy.forced(self, block)
 
     def needs_scores(self, block: int) -> bool:
         return self.config.scores_drafts and self.forced_target(block) is None
 
     def wants_reference_score(self, block: int) -> bool:
-        return self.config.mode == "reward" and self.config.threshold == "relative" and self.reference is None
-
-    @property
-    def can_exit_early(self) -> bool:
-        c = self.config
-        return c.early_exit and c.mode == "reward" and c.aggregation == "min" and c.threshold == "fixed"
+        """Whether the target's output of ``block`` should be scored and observed (a relative threshold's
+        reference)."""
+        return self.strategy.uses_reference(self.config) and (self.reference is None or block in self._anchors)
 
     @property
     def acceptance(self) -> float | None:
@@ -315,45 +273,20 @@ class Router:
         first = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [n // 2]
         return first, [i for i in range(n) if i not in set(first)]
 
-    def cascade_stops(self, scores: Any) -> bool:
-        """Whether the subset's scores settle the block (a reject) so that the rest need not be scored."""
-        c = self.config
-        if c.mode == "pattern":
-            return not c.pattern[self._drafted] if self._drafted < len(c.pattern) else False
-        return any(v < c.tau or math.isnan(v) for v in to_float_list(scores))
-
-    def decide_cascade(self, block: int, n: int, score: Callable[[list[int]], Any]) -> RouteRecord:
-        """Cascade scoring of a block of ``n`` frames: ``score(indices)`` gives those frames' rewards. The subset
-        first; a reject it settles stops there, otherwise the rest is scored and the block decided on all frames."""
-        split = self.cascade_split(n)
-        if split is None or self.forced_target(block) is not None:
-            return self.decide(block, score(list(range(n))) if self.needs_scores(block) else None)
-        first_idx, rest_idx = split
-        first = to_float_list(score(first_idx))
-        if self.cascade_stops(first):
-            return self.decide(block, first, note=f"; cascade: frames {','.join(map(str, first_idx))} of {n}")
-        values = [0.0] * n
-        for i, v in zip(first_idx, first, strict=True):
-            values[i] = v
-        for i, v in zip(rest_idx, to_float_list(score(rest_idx)), strict=True):
-            values[i] = v
-        return self.decide(block, values)
-
     # ---- observations --------------------------------------------------------------------------------------
     def observe_reference(self, block: int, scores: Any) -> float:
-        """Aggregate the target's own output for ``block``; the first one becomes the relative reference."""
+        """Aggregate the target's own output for ``block``; the first one (and the one at each anchor) becomes the
+        relative reference."""
         values = to_float_list(scores)
         if not values:
             raise ConfigError(f"observe_reference(block {block}) got no scores.")
+        if block in self._anchors:
+            self._anchors.discard(block)
+            self.reference = None
         value = aggregate(values, self.config.aggregation, self.config.q)
         if self.reference is None and math.isfinite(value):
             self.reference = value
         return value
-
-    def reanchor(self) -> None:
-        """Forget the relative reference: the next block the target makes sets a new one (a prompt switch: scores
-        against another prompt are not comparable with the old reference)."""
-        self.reference = None
 
     # ---- thresholds ----------------------------------------------------------------------------------------
     def effective_rate(self) -> float:
@@ -367,12 +300,12 @@ class Router:
         """(threshold, how it was obtained) for the next drafted block."""
         c = self.config
         if c.threshold == "fixed":
-            return c.tau, f"τ={_fmt(c.tau)}"
+            return c.tau, f"τ={fmt(c.tau)}"
         if c.threshold == "relative":
             if self.reference is None:
                 return None, "no reference score yet"
             thr = self.reference - c.delta
-            return thr, f"τ=ref {_fmt(self.reference)} − δ {_fmt(c.delta)} = {_fmt(thr)}"
+            return thr, f"τ=ref {fmt(self.reference)} − δ {fmt(c.delta)} = {fmt(thr)}"
         eff = self.effective_rate()
         if eff >= 1.0:
             return -math.inf, f"τ=-inf (target rate {eff:.2f})"
@@ -383,11 +316,44 @@ class Router:
                 thr = c.prior_mean
             else:
                 thr = statistics.NormalDist(c.prior_mean, c.prior_std).inv_cdf(1.0 - eff)
-            return thr, f"τ={_fmt(thr)} (prior N({c.prior_mean:.3g}, {c.prior_std:.3g}), rate {eff:.2f})"
+            return thr, f"τ={fmt(thr)} (prior N({c.prior_mean:.3g}, {c.prior_std:.3g}), rate {eff:.2f})"
         thr = quantile(self.history, 1.0 - eff)
-        return thr, f"τ={_fmt(thr)} ({1 - eff:.2f} quantile of {len(self.history)} past scores, rate {eff:.2f})"
+        return thr, f"τ={fmt(thr)} ({1 - eff:.2f} quantile of {len(self.history)} past scores, rate {eff:.2f})"
 
     # ---- decisions -----------------------------------------------------------------------------------------
+    def decide(self, block: int, scores: Any = None) -> RouteRecord:
+        """The decision for ``block``. ``scores``: its frames' rewards (values), or a :class:`FrameScores` that the
+        mode scores as far as it needs (all frames, a cascade's subset first, or chunks up to the first frame below
+        τ), or None for modes that do not score. A block the mode forces to the target gets its reject record."""
+        forced = self.forced_target(block)
+        if forced is not None:
+            return self.forced_record(block, forced)
+        return self._record(self.strategy.decide(self, block, scores))
+
+    def score_frames(self, scores: FrameScores) -> tuple[list[float], str]:
+        """Score a drafted block as this router needs it: (the frame scores to decide on, a note for the reason)."""
+        n = scores.count
+        split = self.cascade_split(n)
+        if split is not None:  # SDVG-hybrid: a subset of the frames first
+            first_idx, rest_idx = split
+            first = to_float_list(scores.score(first_idx))
+            if self.strategy.cascade_stops(self, first):
+                return first, f"; cascade: frames {','.join(map(str, first_idx))} of {n}"
+            values = [0.0] * n
+            for i, v in zip(first_idx, first, strict=True):
+                values[i] = v
+            for i, v in zip(rest_idx, to_float_list(scores.score(rest_idx)), strict=True):
+                values[i] = v
+            return values, ""
+        if self.strategy.exits_early(self.config) and scores.chunks is not None:
+            return early_exit_scores(scores.chunks(), self.config.tau)
+        return to_float_list(scores.score(None)), ""
+
+    def next_drafted(self) -> int:
+        """The index of the next drafted block (into the random draws and the pattern); counts it."""
+        i, self.drafted = self.drafted, self.drafted + 1
+        return i
+
     def _record(self, rec: RouteRecord) -> RouteRecord:
         self.records.append(rec)
         return rec
@@ -404,46 +370,11 @@ class Router:
     def fault_record(self, block: int, reason: str) -> RouteRecord:
         """Reject a draft that cannot be verified (e.g. non-finite latents); it takes its drafted-block slot, so the
         random draws and a pattern stay aligned with the blocks."""
-        if self.config.mode in ("random", "pattern"):
-            self._drafted += 1
-            if self.config.mode == "random":
-                self._rng.random()
+        self.strategy.on_fault(self)
         return self._record(RouteRecord(block, "reject", reason))
 
-    def decide(self, block: int, scores: Any = None, *, note: str = "") -> RouteRecord:
-        """The decision for ``block`` (``scores``: its frames' rewards when the mode scores); ``note`` is added to the
-        reason (e.g. which frames a cascade scored)."""
-        c = self.config
-        forced = self.forced_target(block)
-        if forced is not None:
-            return self.forced_record(block, forced)
-        if c.mode == "draft-only":
-            return self._record(RouteRecord(block, "accept", "draft-only mode", scores=to_float_list(scores)))
-        if c.mode in ("random", "pattern"):
-            return self._record(self._decide_unthresholded(block, to_float_list(scores)))
-        values = to_float_list(scores)
-        if not values:
-            raise ConfigError(f"Router in reward mode needs the frame scores of block {block}; got none.")
-        return self._record(self._decide_scores(block, values, note=note))
-
-    def _decide_unthresholded(self, block: int, values: list[float]) -> RouteRecord:
-        """Random or pattern decision for the next drafted block; scores (when drafts are scored) are recorded."""
-        c = self.config
-        i, self._drafted = self._drafted, self._drafted + 1
-        if c.mode == "random":
-            draw = self._rng.random()
-            ok = draw < c.random_rate
-            reason = f"random draw {draw:.3f} {'<' if ok else '≥'} rate {c.random_rate:.2f}"
-        else:
-            if i >= len(c.pattern):
-                raise ConfigError(f"Router pattern has {len(c.pattern)} entries; block {block} is drafted block {i}.")
-            ok = c.pattern[i]
-            reason = f"pattern entry {i}: {'accept' if ok else 'reject'}"
-        q = aggregate(values, c.aggregation, c.q) if values else None
-        agg = c.aggregation if values else None
-        return RouteRecord(block, "accept" if ok else "reject", reason, q=q, scores=values, aggregation=agg)
-
-    def _decide_scores(self, block: int, values: list[float], *, note: str = "") -> RouteRecord:
+    def threshold_decision(self, block: int, values: list[float], *, note: str = "") -> RouteRecord:
+        """Accept iff the aggregated score reaches the threshold in force (a NaN frame rejects)."""
         c = self.config
         agg_text = "min" if c.aggregation == "min" else ("mean" if c.aggregation == "mean" else f"q{c.q:g}")
         desc = f"{agg_text} of {len(values)} frames{note}"
@@ -454,35 +385,7 @@ class Router:
         thr, how = self.current_threshold()
         self.history.append(q)
         if thr is None:
-            return RouteRecord(block, "reject", f"q={_fmt(q)}, {how} ({desc})", q, values, None, c.aggregation)
+            return RouteRecord(block, "reject", f"q={fmt(q)}, {how} ({desc})", q, values, None, c.aggregation)
         ok = q >= thr
-        reason = f"q={_fmt(q)} {'≥' if ok else '<'} {how} ({desc})"
+        reason = f"q={fmt(q)} {'≥' if ok else '<'} {how} ({desc})"
         return RouteRecord(block, "accept" if ok else "reject", reason, q, values, thr, c.aggregation)
-
-    def decide_streaming(self, block: int, chunks: Iterable[Any]) -> RouteRecord:
-        """Decide from per-chunk score tensors (e.g. ``ImageReward.score_chunks``).
-
-        With ``early_exit`` on, min aggregation and a fixed threshold, scoring stops at the first chunk holding a
-        frame below τ (the decision equals the full one: one such frame already rejects the block); the record
-        then holds the scores seen so far and ``q`` is their minimum. Otherwise every chunk is consumed.
-        """
-        if self.forced_target(block) is not None or not self.needs_scores(block):
-            return self.decide(block)
-        values: list[float] = []
-        iterator = iter(chunks)
-        if self.can_exit_early:
-            tau = self.config.tau
-            for chunk in iterator:
-                start = len(values)
-                values.extend(to_float_list(chunk))
-                bad = next((i for i in range(start, len(values)) if values[i] < tau or math.isnan(values[i])), None)
-                if bad is not None:
-                    close = getattr(iterator, "close", None)
-                    if close is not None:
-                        close()
-                    note = f"; early exit at frame {bad}"
-                    return self._record(self._decide_scores(block, values, note=note))
-        else:
-            for chunk in iterator:
-                values.extend(to_float_list(chunk))
-        return self.decide(block, values)

@@ -38,11 +38,10 @@ from .results import BlockEvent, BlockRecord, SDVGResult, StepEvent
 from .retention import drop_old_history, footprint, output_store
 from .router import Router, RouterConfig, RouteRecord, runs_model
 from .scheduler import FlowMatchScheduler, NoiseBank
-from .verify import Draft, last_token, make_verifier
+from .stages import Decoding, Denoising, Scoring
+from .verify import make_verifier
 
 logger = logging.getLogger(__name__)
-
-EARLY_EXIT_CHUNK = 3  # frames scored per forward when the router may stop at the first frame below τ
 
 __all__ = ["SamplerConfig", "SpeculativeSampler", "BlockEvent", "BlockRecord", "SDVGResult", "StepEvent",
            "pixel_frames_for_blocks"]
@@ -180,10 +179,6 @@ class SpeculativeSampler:
         return result
 
 
-def _finite(x: torch.Tensor) -> bool:
-    return bool(torch.isfinite(x).all())
-
-
 STAGE_NAMES = {"draft": "the drafter", "target": "the target", "decode": "the VAE decoder",
                "score": "the reward model (ImageReward)", "cache": "a DiT's cache update", "output": "the output copy"}
 
@@ -213,7 +208,7 @@ class _Run:
             prompt = self.prompts.prompt_at(0)
         if not isinstance(prompt, str):
             raise ConfigError("The prompt must be a string (the reward model scores frames against it).")
-        self.s, self.prompt, self.cancel, self.user_on_step = sampler, prompt, cancel, on_step
+        self.s, self.prompt = sampler, prompt
         cfg, models = sampler.config, sampler.models
         compat = self.compat = cfg.compat
         self.video, self.init = video, init
@@ -224,21 +219,32 @@ class _Run:
             if cfg.refine_from_step is not None:
                 raise ConfigError("refine_from_step and video-to-video both choose where a block starts; use one.")
         pooled = sampler.pooled_scores if compat.threshold_state == "pooled" else None
-        self.router = Router(sampler.router_config, shared_history=pooled)
+        # a prompt switch under a relative threshold: the target makes the block and sets the new reference
+        anchors = frozenset(self.prompts.switches) if self.prompts is not None else frozenset()
+        self.router = Router(sampler.router_config, shared_history=pooled, anchors=anchors)
         self.partial = False
         self.records: list[BlockRecord] = []
         self.history = BlockHistory()
         self.vae, self.reward = models.vae, models.reward
         self.vae.reset(decoder=compat.vae_decoder)
-        self.aux_device = torch.device(getattr(self.vae, "device", "cpu"))
         self.frames = output_store(cfg)  # all frames, or (long videos: flat memory) the last blocks'
         longest = [max(a, b, key=len) for a, b in zip(*sampler.schedules.values(), strict=True)]  # ε shared by prefix
         self.noise = NoiseBank(cfg.seed, (1, LATENT_CHANNELS, FRAMES_PER_BLOCK, *cfg.latent_hw), longest)
         names = [name for name in ("target", "drafter") if getattr(models, name) is not None]
         self.meter = RunMeter(names)
         self.hooks = Hooks((self.meter, *observers))
-        self.verifier = make_verifier(self, cfg.pipelined)
-        self.denoisers = self._start_denoisers(names, self._encode_prompt(prompt_embeds))
+        self.decoding = Decoding(self.vae, self.meter, self.hooks)
+        prompt_at = self.prompts.prompt_at if self.prompts is not None else (lambda _block: prompt)
+        self.scoring = None if self.reward is None else Scoring(self.reward, self.meter, self.hooks,
+                                                                self.decoding.device, prompt_at,
+                                                                compat.reward_preprocess)
+        self.denoising = Denoising(cfg, sampler.schedules, self.noise, self.meter, video=video, cancel=cancel,
+                                   on_step=on_step)
+        self.verifier = make_verifier(cfg.pipelined, self.denoising, self.decoding, self.scoring, self.router,
+                                      self.history, cfg.num_blocks)
+        self.denoisers = self.denoising.denoisers
+        self.denoisers.update(self._start_denoisers(names, self._encode_prompt(prompt_embeds)))
+        self.running = [self.denoisers[n] for n in names if runs_model(self.router.config.mode, n)]
 
     def _start_denoisers(self, names: list[str], embeds: torch.Tensor) -> dict[str, BlockDenoiser]:
         cfg, models = self.s.config, self.s.models
@@ -281,139 +287,35 @@ class _Run:
         """The prompt ``block`` is scored against."""
         return self.prompt if self.prompts is None else self.prompts.prompt_at(block)
 
-    def _anchors_at(self, block: int) -> bool:
-        """A prompt switch under the relative threshold: the target makes the block and sets the new reference."""
-        c = self.router.config
-        return self.prompts is not None and block in self.prompts.switches and c.mode == "reward" \
-            and c.threshold == "relative"
-
-    @property
-    def drafter_device(self) -> torch.device:
-        return self.denoisers["drafter"].device
-
     # ---------------------------------------------------------------- one block: SPEC §1
     def block(self, b: int) -> BlockEvent:
         timings: dict[str, float] = {}
-        if self._anchors_at(b):
-            self.router.reanchor()
         forced = self.router.forced_target(b)
         if forced is not None:  # 1. block 0 anchors composition: the target makes it, no draft
-            result = self._denoise("target", b, self.history, timings)
+            result = self.denoising.denoise("target", b, self.history, timings)
             return self._commit_target(b, result, None, forced, timings)
         draft = self.verifier.draft(b, timings)  # 2. the drafter denoises z_b with ε_b,*
         check = self.verifier.verify(draft, timings)  # 3. snapshot the VAE, decode; 4. score and route
         if check.route.accepted:  # 4. accept: the draft's latents, pixels and VAE state are the block
             self.history.append(draft.history_block)  # 6. ... and its latents the context
             return self._finish(b, check.frames, check.route, "drafter", True, timings)
-        self.vae.restore(check.snapshot)  # 5. reject: back to the VAE state before the draft,
-        result = self._regenerate(b, draft, timings)  # the target redoes the block from the same noise
+        self.decoding.restore(check.snapshot)  # 5. reject: back to the VAE state before the draft,
+        result = self.denoising.regenerate(b, draft, self.history, timings)  # the target redoes it, same noise
         return self._commit_target(b, result, check.route, None, timings)  # 6. its latents become the context
 
     def given_block(self, b: int, latents: torch.Tensor) -> BlockEvent:
         """A block given as input (image-to-video, extension): committed as it is, decoded, never drafted or scored."""
         timings: dict[str, float] = {}
-        frames = self.decode(latents, timings)
+        frames = self.decoding.decode(latents, timings)
         self.history.append(HistoryBlock.of(b, DenoiseResult(x0=latents, last_noisy=latents, last_t=0.0, forwards=0)))
         return self._finish(b, frames, RouteRecord(b, "input", "given frames"), "input", False, timings)
 
-    # ---------------------------------------------------------------- the steps' parts (VerifyHost for the verifier)
-    def draftable(self, block: int) -> bool:
-        return block < self.s.config.num_blocks and self.router.forced_target(block) is None \
-            and not self._anchors_at(block)
-
-    def draft_on(self, block: int, history: BlockHistory, timings: dict) -> Draft:
-        cfg = self.s.config  # step stitch keeps the drafter's x0 of step k − 1 for a rejecting target
-        keep = cfg.refine_from_step - 1 if cfg.stitch else None
-        result = self._denoise("drafter", block, history, timings, keep_x0_step=keep)
-        return Draft(block, result, last_token(history), finite=_finite(result.x0))
-
-    def reject_unverifiable(self, draft: Draft) -> RouteRecord:
-        if "target" not in self.denoisers:
-            raise NonFiniteError(f"The drafter produced NaN/inf latents in block {draft.block} and draft-only mode has "
-                                 "no target to redo it. Load the drafter in bf16 or fp32, or check its checkpoint.")
-        logger.warning("block %d: the drafter produced NaN/inf latents; the target makes the block", draft.block)
-        return self.router.fault_record(draft.block, "non-finite draft: the drafter produced NaN/inf latents")
-
-    def decode(self, latents: torch.Tensor, timings: dict) -> torch.Tensor:
-        with self.meter.phase(timings, "decode", self.aux_device):
-            with self.hooks.call("decode", (self.vae.frames_decoded == 0, int(latents.shape[2]))):
-                frames = self.vae.decode_block(latents)
-            if not _finite(frames):
-                raise NonFiniteError(
-                    "The VAE decoder produced NaN/inf pixels from finite latents. Load the VAE in fp32 or bf16 (fp16 "
-                    "overflows), or check the VAE file."
-                )
-            return frames
-
-    def score(self, block: int, frames: torch.Tensor, timings: dict) -> torch.Tensor:
-        with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            return self.reward.score(frames, self.prompt_at(block), preprocess=self.compat.reward_preprocess)
-
-    def route(self, block: int, frames: torch.Tensor, timings: dict) -> RouteRecord:
-        """Score the draft's frames when the router wants scores, and decide."""
-        router = self.router
-        if not router.needs_scores(block):
-            return router.decide(block)
-        if router.cascade_split(int(frames.shape[0])) is not None:  # SDVG-hybrid: a subset of the frames first
-            return router.decide_cascade(block, int(frames.shape[0]),
-                                         lambda idx: self.score(block, frames[idx], timings))
-        if not router.can_exit_early:
-            return router.decide(block, self.score(block, frames, timings))
-        with self.meter.phase(timings, "score", self.aux_device), self.hooks.call("score", (int(frames.shape[0]),)):
-            chunks = self.reward.score_chunks(frames, self.prompt_at(block), EARLY_EXIT_CHUNK,
-                                              preprocess=self.compat.reward_preprocess)
-            return router.decide_streaming(block, chunks)
-
-    def _step_hook(self, block: int, model: str):
-        def hook(step: int, num_steps: int) -> None:
-            try:
-                stop = self.cancel is not None and self.cancel()
-                if not stop and self.user_on_step is not None:
-                    self.user_on_step(StepEvent(block, model, step, num_steps))
-            except Exception as exc:  # the caller's own exception (a host's interrupt): passed on unchanged
-                exc.sdvg_from_callback = True
-                raise
-            if stop:
-                raise CancelledError(f"cancelled at block {block}, {model} step {step}")
-
-        return hook
-
-    def _denoise(self, model: str, block: int, history: BlockHistory, timings: dict, **kwargs) -> DenoiseResult:
-        """Bring ``model``'s cache up to ``history`` (deferred work), then denoise ``block`` with the shared noise."""
-        den = self.denoisers[model]
-        with self.meter.phase(timings, "cache", den.device):
-            den.sync(history)
-        noise = self.noise.get(block, den.device, den.dtype)
-        steps = self.s.schedules[model][block]
-        if self.video is not None:  # video-to-video: the block starts from the input's latents at the strength
-            kwargs = {**kwargs, "start_step": self.video.start_step(steps), "x0_init": self.video.block(block)}
-        with self.meter.denoise(model, timings, den.device):
-            result = den.denoise(block, noise, steps, on_step=self._step_hook(block, model),
-                                 step_noise=self.s.config.step_noise_for(model), **kwargs)
-            if model == "target" and not _finite(result.x0):  # a drafter's NaN only rejects its draft (draft_on)
-                raise NonFiniteError(
-                    f"The target produced NaN/inf latents in block {block}. Load the DiTs in bf16 or fp32 (fp16 and "
-                    "plain fp8 can overflow), or check the target checkpoint."
-                )
-        return result
-
-    def _regenerate(self, b: int, draft: Draft, timings: dict) -> DenoiseResult:
-        """The target redoes a rejected block from the same noise, or takes over at step k: the state
-        ``renoise(x0, ε_k−1, σ_k)`` from the draft's final x0 (refine-on-reject) or from the drafter's own x0 of step
-        k − 1 (step stitch: exactly the drafter's input of step k, so its first k steps are kept)."""
-        k = self.s.config.refine_from_step
-        if k is not None and k < len(self.s.schedule[b]):
-            src = draft.result.x0_kept if self.s.config.stitch else draft.result.x0
-            x0 = src.to(self.denoisers["target"].device)
-            return self._denoise("target", b, self.history, timings, start_step=k, x0_init=x0)
-        return self._denoise("target", b, self.history, timings)
-
     def _commit_target(self, b, result: DenoiseResult, route, forced_reason, timings) -> BlockEvent:
-        frames = self.decode(result.x0, timings)
+        frames = self.decoding.decode(result.x0, timings)
         if route is None:
             scores = None
             if self.router.wants_reference_score(b):
-                scores = self.score(b, frames, timings)
+                scores = self.scoring.score(b, frames, timings)
                 self.router.observe_reference(b, scores)
             route = self.router.forced_record(b, forced_reason, scores)
         self.history.append(HistoryBlock.of(b, result))
@@ -423,7 +325,7 @@ class _Run:
         with self.meter.phase(timings, "output"):
             out = self.frames.append(frames)
         if not self.s.config.keep_output:
-            drop_old_history(self, timings)
+            drop_old_history(self.history, self.running, self.meter, timings)
         row = self.s.schedules.get(produced_by, self.s.schedule)[b]
         steps = len(row) - (self.video.start_step(row) if self.video else 0)
         record = BlockRecord(
@@ -435,7 +337,7 @@ class _Run:
         self.records.append(record)
         if b == 0 and self.compat.dropped_frames:  # the reference shows 6 frames of block 0 (all 9 stay context)
             out = out[self.compat.dropped_frames:]
-        return BlockEvent(b, out, record, footprint(self))
+        return BlockEvent(b, out, record, footprint(self.denoisers, self.history, self.frames, self.vae))
 
     # ---------------------------------------------------------------- end
     def close(self) -> None:

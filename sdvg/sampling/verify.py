@@ -1,6 +1,7 @@
 """Verifying a draft: snapshot the streaming VAE, decode the draft, score it, route it (SPEC §1 steps 3–4).
 
-Two strategies with one interface (``draft``, ``verify``, ``frames_in_flight``, ``close``):
+Two strategies with one interface (``draft``, ``verify``, ``frames_in_flight``, ``close``), both built on explicit
+collaborators (the denoising stage, the VAE, the reward model, the router, the history: ``stages.py``):
 
 - :class:`SequentialVerifier` drafts, then verifies, on the calling thread.
 - :class:`PipelinedVerifier` decodes and scores block b on a worker thread (and, on CUDA, a side stream of the
@@ -11,33 +12,26 @@ Two strategies with one interface (``draft``, ``verify``, ``frames_in_flight``, 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import ConfigError
-from .history import BlockHistory, DenoiseResult, HistoryBlock
-from .router import RouteRecord
+from ..errors import ConfigError, NonFiniteError
+from .history import BlockHistory
+from .routing import RouteRecord
+from .stages import Decoding, Denoising, Draft, Scoring, last_token
 
 if TYPE_CHECKING:
     from ..models.vae import VAEState
+    from .router import Router
 
-
-@dataclass
-class Draft:
-    block: int
-    result: DenoiseResult
-    base: int | None  # token of the last history block it was drafted on (None: drafted on an empty history)
-    finite: bool = True  # False: the drafter produced NaN/inf latents; the draft is rejected without decoding
-
-    @property
-    def history_block(self) -> HistoryBlock:
-        return HistoryBlock.of(self.block, self.result)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,62 +43,54 @@ class Verification:
     route: RouteRecord
 
 
-class VerifyHost(Protocol):
-    """What a verifier needs from the run (``sampler._Run``)."""
-
-    history: BlockHistory
-    vae: object
-    aux_device: torch.device
-    drafter_device: torch.device
-
-    def draft_on(self, block: int, history: BlockHistory, timings: dict) -> Draft: ...
-
-    def draftable(self, block: int) -> bool: ...
-
-    def decode(self, latents: torch.Tensor, timings: dict) -> torch.Tensor: ...
-
-    def route(self, block: int, frames: torch.Tensor, timings: dict) -> RouteRecord: ...
-
-    def reject_unverifiable(self, draft: Draft) -> RouteRecord: ...
-
-
-def last_token(history: BlockHistory) -> int | None:
-    return history.blocks[-1].token if len(history) else None
-
-
-def check(host: VerifyHost, draft: Draft, timings: dict,
-          on_decoded: Callable[[torch.Tensor | None], None] | None = None) -> Verification:
-    """Snapshot the VAE, decode the draft, score and route it. ``on_decoded`` gets the frames (None if the decode
-    failed) as soon as they exist, before scoring. A non-finite draft is rejected without a decode."""
-    snapshot = host.vae.snapshot()
-    if not draft.finite:
-        if on_decoded is not None:
-            on_decoded(None)
-        return Verification(snapshot, None, host.reject_unverifiable(draft))
-    frames = None
-    try:
-        frames = host.decode(draft.result.x0, timings)
-    finally:
-        if on_decoded is not None:
-            on_decoded(frames)  # never leave a waiting drafter hanging, even if the decode failed
-    return Verification(snapshot, frames, host.route(draft.block, frames, timings))
-
-
 class SequentialVerifier:
-    def __init__(self, host: VerifyHost) -> None:
-        self.host = host
+    """Drafts, then verifies, on the calling thread. Its collaborators are explicit: the denoising stage (the
+    drafter), the VAE and the reward model (decode, score), the router and the committed history."""
+
+    def __init__(self, denoising: Denoising, decoding: Decoding, scoring: Scoring | None, router: Router,
+                 history: BlockHistory, num_blocks: int) -> None:
+        self.denoising, self.decoding, self.scoring = denoising, decoding, scoring
+        self.router, self.history, self.num_blocks = router, history, num_blocks
 
     def draft(self, block: int, timings: dict) -> Draft:
-        return self.host.draft_on(block, self.host.history, timings)
+        return self.denoising.draft(block, self.history, timings)
 
     def verify(self, draft: Draft, timings: dict) -> Verification:
-        return check(self.host, draft, timings)
+        return self.check(draft, timings)
 
     def frames_in_flight(self, block: int) -> torch.Tensor | None:
         return None
 
     def close(self) -> None:
         pass
+
+    def draftable(self, block: int) -> bool:
+        return block < self.num_blocks and self.router.forced_target(block) is None
+
+    def check(self, draft: Draft, timings: dict,
+              on_decoded: Callable[[torch.Tensor | None], None] | None = None) -> Verification:
+        """Snapshot the VAE, decode the draft, score and route it. ``on_decoded`` gets the frames (None if the decode
+        failed) as soon as they exist, before scoring. A non-finite draft is rejected without a decode."""
+        snapshot = self.decoding.snapshot()
+        if not draft.finite:
+            if on_decoded is not None:
+                on_decoded(None)
+            return Verification(snapshot, None, self._unverifiable(draft))
+        frames = None
+        try:
+            frames = self.decoding.decode(draft.result.x0, timings)
+        finally:
+            if on_decoded is not None:
+                on_decoded(frames)  # never leave a waiting drafter hanging, even if the decode failed
+        scores = self.scoring.frame_scores(draft.block, frames, timings) if self.scoring is not None else None
+        return Verification(snapshot, frames, self.router.decide(draft.block, scores))
+
+    def _unverifiable(self, draft: Draft) -> RouteRecord:
+        if not self.denoising.has_target:
+            raise NonFiniteError(f"The drafter produced NaN/inf latents in block {draft.block} and draft-only mode has "
+                                 "no target to redo it. Load the drafter in bf16 or fp32, or check its checkpoint.")
+        logger.warning("block %d: the drafter produced NaN/inf latents; the target makes the block", draft.block)
+        return self.router.fault_record(draft.block, "non-finite draft: the drafter produced NaN/inf latents")
 
 
 class _InFlight:
@@ -124,34 +110,33 @@ class _InFlight:
 
 
 class PipelinedVerifier(SequentialVerifier):
-    def __init__(self, host: VerifyHost) -> None:
-        super().__init__(host)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdvg-verify")
-        cuda = host.aux_device.type == "cuda"
-        self.side_stream = torch.cuda.Stream(host.aux_device) if cuda else None
+        device = self.decoding.device
+        self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.prefetched: Draft | None = None
         self.in_flight: _InFlight | None = None
 
     def draft(self, block: int, timings: dict) -> Draft:
         draft, self.prefetched = self.prefetched, None
-        if draft is not None and draft.block == block and draft.base == last_token(self.host.history):
+        if draft is not None and draft.block == block and draft.base == last_token(self.history):
             return draft
         return super().draft(block, timings)
 
     def verify(self, draft: Draft, timings: dict) -> Verification:
         """Verify ``draft`` on the worker while drafting the next block, assuming ``draft`` is accepted."""
-        host = self.host
-        if not draft.finite or not host.draftable(draft.block + 1):  # nothing to overlap, or nothing to build on
-            return check(host, draft, timings)
+        if not draft.finite or not self.draftable(draft.block + 1):  # nothing to overlap, or nothing to build on
+            return self.check(draft, timings)
         ready = None
         if self.side_stream is not None:
             ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(host.drafter_device))
+            ready.record(torch.cuda.current_stream(self.denoising.device("drafter")))
         self.in_flight = _InFlight(draft.block, self.side_stream)
         worker_timings: dict[str, float] = {}
         future = self.executor.submit(self._check_on_worker, draft, ready, worker_timings, self.in_flight)
         try:
-            self.prefetched = host.draft_on(draft.block + 1, host.history.extended(draft.history_block), timings)
+            self.prefetched = self.denoising.draft(draft.block + 1, self.history.extended(draft.history_block), timings)
         finally:
             start = time.perf_counter()
             verification = future.result()
@@ -162,10 +147,10 @@ class PipelinedVerifier(SequentialVerifier):
 
     def _check_on_worker(self, draft: Draft, ready, timings: dict, in_flight: _InFlight) -> Verification:
         if self.side_stream is None:
-            return check(self.host, draft, timings, in_flight.publish)
+            return self.check(draft, timings, in_flight.publish)
         with torch.cuda.stream(self.side_stream):
             self.side_stream.wait_event(ready)
-            return check(self.host, draft, timings, in_flight.publish)
+            return self.check(draft, timings, in_flight.publish)
 
     def frames_in_flight(self, block: int) -> torch.Tensor | None:
         flight = self.in_flight
@@ -180,5 +165,6 @@ class PipelinedVerifier(SequentialVerifier):
         self.executor.shutdown(wait=True)
 
 
-def make_verifier(host: VerifyHost, pipelined: bool) -> SequentialVerifier:
-    return PipelinedVerifier(host) if pipelined else SequentialVerifier(host)
+def make_verifier(pipelined: bool, *args, **kwargs) -> SequentialVerifier:
+    """The verifier strategy: pipelined (a worker decodes and scores while the next block is drafted) or not."""
+    return (PipelinedVerifier if pipelined else SequentialVerifier)(*args, **kwargs)
