@@ -178,42 +178,57 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 profile: str = DEFAULT_PROFILE, positions: str = _C.positions, step_noise: str = _S.step_noise,
                 drafter: DiTHandle | None = None,
                 target: DiTHandle | None = None, reward=None, start=None) -> io.NodeOutput:
-        from ..sdvg.loaders import SDVGModels
-        from ..sdvg.sampling import InitBlocks, SpeculativeSampler
+        from ..sdvg.sampling import SpeculativeSampler
 
         config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                                 custom_schedule=custom_schedule, pipelined=pipelined, refine_from_step=refine_from_step,
                                 profile=profile, positions=positions, step_noise=step_noise)
         warn_large_image(config)
-        # a DiT is read from its file here, the first time a run needs it (and only if this mode calls it)
-        models = SDVGModels(target=_model_for(target, runs_model(router.mode, "target")),
-                            drafter=_model_for(drafter, runs_model(router.mode, "drafter")),
-                            vae=vae.model, reward=getattr(reward, "model", None))
+        models = _run_models(router, drafter, target, vae, reward)
         # a copy bound to this run (seed for random routing); the input is untouched
         router = dataclasses.replace(router, seed=int(seed) % (2**63))
         sampler = SpeculativeSampler(models, router, config)  # validates: ConfigError reaches the user as is
         node_id = str(cls.hidden.unique_id) if cls.hidden is not None and cls.hidden.unique_id is not None else "0"
+        keep = on_cancel == "keep finished blocks"
         with ExitStack() as stack:
-            keep = on_cancel == "keep finished blocks"
             stream = stack.enter_context(BlockStream(node_id, _display_id(cls.hidden, node_id), config.num_blocks,
                                                      keep_on_cancel=keep))
             stream.start(config.width, config.height, router)
             stack.enter_context(_parked_after((drafter, target)))
             _bring_models(config, sampler.router_config, models, (drafter, target, vae, reward))
-            prompt, embeds = conditioning.sampler_prompt()
-            init = start if isinstance(start, InitBlocks) else None
-            video = start if start is not None and init is None else None
-            result = sampler.run(prompt, prompt_embeds=embeds, init=init, video=video, on_block=stream.block,
-                                 on_step=stream.step, cancel=_host.processing_interrupted)
-            if result.partial and keep:
-                _host.clear_interrupt()  # the graph goes on with the finished blocks
-                logger.warning("cancelled: returning the %d finished block(s)", len(result.blocks))
-            elif result.partial:
-                _host.raise_if_interrupted()  # ComfyUI's InterruptProcessingException: the host marks it interrupted
+            result = _streamed_run(sampler, conditioning, start, stream, keep)
             report = result.report()
             stream.done(report)
         return io.NodeOutput(*node_outputs(result, vae.model), json.dumps(to_jsonable(report), indent=1),
                              ui=stream.ui())
+
+
+def _run_models(router, drafter: DiTHandle | None, target: DiTHandle | None, vae, reward):
+    """The run's model bundle: a DiT is read from its file here, the first time a run needs it (and only if this
+    routing mode calls it)."""
+    from ..sdvg.loaders import SDVGModels
+
+    return SDVGModels(target=_model_for(target, runs_model(router.mode, "target")),
+                      drafter=_model_for(drafter, runs_model(router.mode, "drafter")),
+                      vae=vae.model, reward=getattr(reward, "model", None))
+
+
+def _streamed_run(sampler, conditioning, start, stream: BlockStream, keep: bool):
+    """One run, each block streamed to the canvas. Cancel ends the prompt, or (``keep``) the graph goes on with the
+    finished blocks."""
+    from ..sdvg.sampling import InitBlocks
+
+    prompt, embeds = conditioning.sampler_prompt()
+    init = start if isinstance(start, InitBlocks) else None
+    video = start if start is not None and init is None else None
+    result = sampler.run(prompt, prompt_embeds=embeds, init=init, video=video, on_block=stream.block,
+                         on_step=stream.step, cancel=_host.processing_interrupted)
+    if result.partial and keep:
+        _host.clear_interrupt()  # the graph goes on with the finished blocks
+        logger.warning("cancelled: returning the %d finished block(s)", len(result.blocks))
+    elif result.partial:
+        _host.raise_if_interrupted()  # ComfyUI's InterruptProcessingException: the host marks it interrupted
+    return result
 
 
 def warn_large_image(config) -> None:

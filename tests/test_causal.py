@@ -135,7 +135,7 @@ def test_speculative_history_then_reject(model, prompt, regime):
     assert drafter.sync(real) == 1 and drafter.kv.frames == [0, 1, 2]
     fresh = _denoiser(model, prompt, regime)
     fresh.sync(real)
-    assert torch.equal(drafter.kv.k[:, :, : drafter.kv.filled_tokens], fresh.kv.k[:, :, : fresh.kv.filled_tokens])
+    assert torch.equal(drafter.kv.k[:, :, : len(drafter.kv.frames) * drafter.kv.tokens_per_frame], fresh.kv.k[:, :, : len(fresh.kv.frames) * fresh.kv.tokens_per_frame])
     assert drafter.sync(real) == 0
     assert torch.equal(drafter.denoise(1, _noise(1), STEPS).x0, fresh.denoise(1, _noise(1), STEPS).x0)
 
@@ -151,7 +151,7 @@ def test_noisy_rolling_window_keeps_sinks(model, prompt):
         d.sync(h)
         r = d.denoise(b, _noise(b, 2), [1000.0, 625.0])
         h.append(HistoryBlock(b, r.x0, r.last_noisy, r.last_t, r.token))
-        end = d.kv.filled_tokens
+        end = len(d.kv.frames) * d.kv.tokens_per_frame
         if b == 0:
             sink = (d.kv.k[:, :, : 3 * tpf].clone(), d.kv.v[:, :, : 3 * tpf].clone())
         if b >= 2:

@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from sdvg.cli.commands import main
-from sdvg.outputs.video import read_mp4_frame_count
+from sdvg.outputs import read_video_frames
 
 
 def test_generate_writes_all_outputs(tiny_dir, tmp_path, capsys):
@@ -23,7 +23,7 @@ def test_generate_writes_all_outputs(tiny_dir, tmp_path, capsys):
         "--tau=-inf", "--cache", "global", "--seed", "7",
     ])
     assert code == 0
-    assert read_mp4_frame_count(out) == 33
+    assert len(read_video_frames(out)) == 33
     report = json.loads((tmp_path / "r.json").read_text())
     assert [b["produced_by"] for b in report["blocks"]] == ["target", "drafter", "drafter"]
     assert report["settings"]["seed"] == 7 and report["settings"]["cache"] == "global"
@@ -43,7 +43,7 @@ def test_frames_option_trims_and_modes(tiny_dir, tmp_path):
         "--out", str(out), "--report", str(tmp_path / "r.json"),
     ])
     assert code == 0
-    assert read_mp4_frame_count(out) == 20
+    assert len(read_video_frames(out)) == 20
     report = json.loads((tmp_path / "r.json").read_text())
     assert [b["steps"] for b in report["blocks"]] == [4, 3]
     assert report["blocks"][1]["decision"] == "reject"
@@ -121,7 +121,7 @@ def test_a_stop_signal_writes_the_partial_video_and_report(tiny_dir, tmp_path, s
     assert report["partial"] is True
     finished = len(report["blocks"])
     assert 2 <= finished < 40
-    assert read_mp4_frame_count(out) == 12 * finished - 3
+    assert len(read_video_frames(out)) == 12 * finished - 3
     assert "(partial)" in stdout and f"{said}: stopping after the current step" in err
 
 

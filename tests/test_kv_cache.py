@@ -22,7 +22,7 @@ def _write(cache: SelfKVCache, frame: int, n: int = 3) -> None:
 
 
 def _slot_frames(cache: SelfKVCache) -> list[int]:
-    tok = cache.k[0, 0, : cache.filled_tokens, 0, 0]
+    tok = cache.k[0, 0, : len(cache.frames) * cache.tokens_per_frame, 0, 0]
     return [int(v) for v in tok[:: cache.tokens_per_frame]]
 
 
@@ -57,7 +57,7 @@ def test_reset_and_nbytes():
     cache = _marked_cache(capacity_frames=6)
     _write(cache, 0)
     cache.reset()
-    assert cache.frames == [] and cache.filled_tokens == 0
+    assert cache.frames == [] and len(cache.frames) * cache.tokens_per_frame == 0
     _write(cache, 0)
     assert cache.frames == [0, 1, 2]
     assert cache.nbytes == 2 * 2 * 6 * 2 * 1 * 1 * 4

@@ -207,17 +207,6 @@ def test_load_dtype_and_device_strings(tiny_reward, tiny_reward_path):
         load_image_reward(tiny_reward_path, device="tpu:7")
 
 
-def test_find_checkpoint(tiny_reward_path, tmp_path):
-    from sdvg.loaders.reward import find_checkpoint
-
-    assert find_checkpoint(tiny_reward_path.parent) == tiny_reward_path
-    (tmp_path / "ImageReward.pt").write_bytes(b"")
-    (tmp_path / "sdvg_tiny_image_reward.pt").write_bytes(b"")
-    assert find_checkpoint(tmp_path).name == "ImageReward.pt"
-    with pytest.raises(ModelFileError, match="No ImageReward checkpoint"):
-        find_checkpoint(tmp_path / "missing")
-
-
 def test_legacy_pickle_format_loads(tiny_reward, tiny_reward_path, tmp_path):
     state = torch.load(tiny_reward_path, weights_only=True)
     torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)

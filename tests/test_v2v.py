@@ -66,7 +66,7 @@ def test_cli_init_video(tiny_dir, tmp_path, capsys):
     import json
 
     from sdvg.cli.commands import main
-    from sdvg.outputs.video import read_mp4_frame_count
+    from sdvg.outputs import read_video_frames
 
     common = ["generate", "--prompt", PROMPT, "--models", str(tiny_dir), "--device", "cpu", "--blocks", "2",
               "--schedule", "1000,500"]
@@ -88,7 +88,7 @@ def test_cli_init_video(tiny_dir, tmp_path, capsys):
                  str(tmp_path / "ext.mp4")]) == 0
     blocks = json.loads(report.read_text())["blocks"]
     assert blocks[0]["produced_by"] == "input" and blocks[1]["drafted"]  # the given block anchors; block 1 is drafted
-    assert read_mp4_frame_count(tmp_path / "ext.mp4") == 21
+    assert len(read_video_frames(tmp_path / "ext.mp4")) == 21
     assert main([*base, "--init-image", str(tmp_path / "in.mp4"), "--out", str(tmp_path / "y.mp4")]) == 2
     assert "is not an image file" in capsys.readouterr().err
 

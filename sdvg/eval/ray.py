@@ -58,86 +58,84 @@ def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence
     """The Ray twin of :func:`sdvg.evaluate.evaluate` (same CSV, summary and plot). ``address``: "auto" (the
     cluster in ``RAY_ADDRESS``, else a local one) or a cluster address; ``load_kwargs``: ``load_models``'
     arguments, ``metric_specs``: ``--metric`` strings (each actor imports them)."""
-    from .run import (
-        PARETO,
-        RESULTS,
-        SUMMARY,
-        ResultsFile,
-        _declared_names,
-        check_out_dir,
-        load_metric,
-        plan_rows,
-        render_pareto,
-        summarize,
-        tau_key,
-        write_summary,
-    )
+    from . import run as ev
 
     ray = import_ray()
     if retries < 0:
         raise ConfigError(f"retries must be >= 0, got {retries}.")
-    out = check_out_dir(out_dir)
-    metrics = [load_metric(m) for m in metric_specs]  # a bad --metric fails here, before the cluster starts
-    results = ResultsFile(out / RESULTS, _declared_names(metrics))
-    plan = plan_rows(len(prompts), taus, methods)
+    out = ev.check_out_dir(out_dir)
+    metrics = [ev.load_metric(m) for m in metric_specs]  # a bad --metric fails here, before the cluster starts
+    results = ev.ResultsFile(out / ev.RESULTS, ev._declared_names(metrics))
+    plan = ev.plan_rows(len(prompts), taus, methods)
     done = results.done()
-    todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
+    todo = [r for r in plan if (str(r[0]), r[1], ev.tau_key(r[2])) not in done]
     pids = list(dict.fromkeys(r[0] for r in todo))
     if not ray.is_initialized():
         ray.init(address=None if address == "auto" else address, ignore_reinit_error=True,
                  log_to_driver=False, configure_logging=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    n = actors or gpus or 1  # one actor per GPU unless told
     remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=1, max_restarts=1)(_EvalWorker)
     workers = [remote.remote(dict(load_kwargs), sampler_config, str(out), list(metric_specs), save_videos, warmup)
-               for _ in range(min(n, max(1, len(pids))))]
+               for _ in range(min(actors or gpus or 1, max(1, len(pids))))]  # one actor per GPU unless told
     if log:
         log(f"eval on Ray: {len(pids)} prompt(s) to run on {len(workers)} actor(s) "
             f"({gpus} GPU(s) in the cluster), {len(plan) - len(todo)} row(s) already done")
-    tries: dict[int, int] = {}
-    failed: dict[int, str] = {}
-    queue = list(pids)
-    running: dict[Any, tuple[int, int]] = {}  # task ref -> (pid, worker index)
-    idle = list(range(len(workers)))
-    written, finished, start = 0, 0, time.perf_counter()
+    dispatch = _Dispatch(ray, workers, prompts, todo, results, retries, log)
+    dispatch.run(pids)
+    complete = results.done() >= {(str(p), m, ev.tau_key(t)) for p, m, t in plan}
+    summary = ev.summarize(results.rows)
+    ev.write_summary(summary, out / ev.SUMMARY)
+    ev.render_pareto(summary, out / ev.PARETO)
+    return {"written": dispatch.written, "skipped": len(plan) - len(todo), "complete": complete, "summary": summary,
+            "results": str(out / ev.RESULTS), "failed": dispatch.failed}
 
-    def submit() -> None:
-        while queue and idle:
-            pid, w = queue.pop(0), idle.pop(0)
-            mine = [r for r in todo if r[0] == pid]
-            prior = [r for r in results.rows if r["prompt_id"] == str(pid)]
-            running[workers[w].run_prompt.remote(pid, prompts[pid], mine, prior)] = (pid, w)
 
-    submit()
-    while running:
-        ready, _ = ray.wait(list(running), num_returns=1)
-        pid, w = running.pop(ready[0])
-        idle.append(w)
-        try:
-            rows = ray.get(ready[0])
-        except Exception as exc:  # a task or actor failure: retried on another actor, then reported
-            tries[pid] = tries.get(pid, 0) + 1
-            if tries[pid] <= retries:
-                queue.append(pid)
-                if log:
-                    log(f"  p{pid} failed ({type(exc).__name__}); retry {tries[pid]}/{retries}")
+class _Dispatch:
+    """Whole prompts handed to idle actors; each finished prompt's rows appended to the CSV as they come; a failed
+    task retried on another actor up to ``retries`` times, then reported."""
+
+    def __init__(self, ray, workers, prompts, todo, results, retries: int, log) -> None:
+        self.ray, self.workers, self.prompts, self.todo, self.results = ray, workers, prompts, todo, results
+        self.retries, self.log = retries, log or (lambda _msg: None)
+        self.tries: dict[int, int] = {}
+        self.failed: dict[int, str] = {}
+        self.running: dict[Any, tuple[int, int]] = {}  # task ref -> (pid, worker index)
+        self.idle = list(range(len(workers)))
+        self.written = 0
+
+    def run(self, pids: list[int]) -> None:
+        queue, finished, start = list(pids), 0, time.perf_counter()
+        self._submit(queue)
+        while self.running:
+            ready, _ = self.ray.wait(list(self.running), num_returns=1)
+            pid, w = self.running.pop(ready[0])
+            self.idle.append(w)
+            try:
+                rows = self.ray.get(ready[0])
+            except Exception as exc:  # a task or actor failure: retried on another actor, then reported
+                self._failed(pid, exc, queue)
             else:
-                failed[pid] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-            submit()
-            continue
-        for row in rows:
-            results.append(row)
-            written += 1
-        finished += 1
-        if log:
-            log(f"  [{finished}/{len(pids)}] p{pid}: {len(rows)} row(s) ({time.perf_counter() - start:.0f}s)")
-        submit()
-    for pid, why in failed.items():
-        if log:
-            log(f"  p{pid} FAILED after {retries + 1} tries: {why}")
-    complete = results.done() >= {(str(p), m, tau_key(t)) for p, m, t in plan}
-    summary = summarize(results.rows)
-    write_summary(summary, out / SUMMARY)
-    render_pareto(summary, out / PARETO)
-    return {"written": written, "skipped": len(plan) - len(todo), "complete": complete, "summary": summary,
-            "results": str(out / RESULTS), "failed": failed}
+                for row in rows:
+                    self.results.append(row)
+                self.written += len(rows)
+                finished += 1
+                self.log(f"  [{finished}/{len(pids)}] p{pid}: {len(rows)} row(s) ({time.perf_counter() - start:.0f}s)")
+            self._submit(queue)
+        for pid, why in self.failed.items():
+            self.log(f"  p{pid} FAILED after {self.retries + 1} tries: {why}")
+
+    def _submit(self, queue: list[int]) -> None:
+        while queue and self.idle:
+            pid, w = queue.pop(0), self.idle.pop(0)
+            mine = [r for r in self.todo if r[0] == pid]
+            prior = [r for r in self.results.rows if r["prompt_id"] == str(pid)]
+            self.running[self.workers[w].run_prompt.remote(pid, self.prompts[pid], mine, prior)] = (pid, w)
+
+    def _failed(self, pid: int, exc: Exception, queue: list[int]) -> None:
+        self.tries[pid] = self.tries.get(pid, 0) + 1
+        if self.tries[pid] <= self.retries:
+            queue.append(pid)
+            self.log(f"  p{pid} failed ({type(exc).__name__}); retry {self.tries[pid]}/{self.retries}")
+        else:
+            text = str(exc).strip()
+            self.failed[pid] = f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}"

@@ -261,23 +261,6 @@ def _find_vocab(path: Path, vocab: str | Path | None) -> Path:
     return own if own.is_file() else path.with_name(VOCAB_NAME)
 
 
-CHECKPOINT_CANDIDATES = (OFFICIAL_NAME, "ImageReward.safetensors", "model.safetensors", TINY_NAME)
-
-
-def find_checkpoint(folder: str | Path) -> Path:
-    """The ImageReward file in a folder (e.g. ``models/image_reward``): official names first, then our tiny one."""
-    folder = Path(folder)
-    for name in CHECKPOINT_CANDIDATES:
-        if (folder / name).is_file():
-            return folder / name
-    found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-    raise ModelFileError(
-        f"No ImageReward checkpoint in {folder} (looked for {', '.join(CHECKPOINT_CANDIDATES)}; found "
-        f"{found[:10] or 'nothing'}). Download ImageReward.pt (THUDM/ImageReward) and bert-base-uncased's "
-        "vocab.txt into that folder."
-    )
-
-
 # --------------------------------------------------------------------------------------------------------------
 # loading
 

@@ -7,7 +7,7 @@ from ..facade import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "dit": "CausalWanTransformer dit_param_shapes",
     "kv_cache": "CrossAttnCache SelfKVCache kv_cache_nbytes",
-    "offload": "BlockOffloader offload_model parse_offload",
+    "offload": "BlockOffloader move_model offload_model parse_offload",
     "patch_vae": "PatchVAE",
     "reward": "ImageReward ImageRewardConfig",
     "text_encoder": "TextEncoder",

@@ -95,10 +95,6 @@ class SelfKVCache:
         """Logical frame index of each filled slot, in slot order."""
         return list(self._frames)
 
-    @property
-    def filled_tokens(self) -> int:
-        return len(self._frames) * self.tokens_per_frame
-
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views ``(k, v)`` of layer ``i``: ``[B, capacity_tokens, heads, head_dim]``."""
         return self.k[i], self.v[i]

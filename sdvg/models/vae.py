@@ -217,11 +217,6 @@ class StreamingVAE:
         """Bytes held by the live decoder feature cache."""
         return _entries_nbytes(self._cache)
 
-    @staticmethod
-    def snapshot_nbytes(state: VAEState) -> int:
-        """Bytes referenced by a snapshot (shared with the live cache, not extra memory)."""
-        return state.nbytes
-
     # ---- encode --------------------------------------------------------------------------------------------
     @torch.no_grad()
     def encode_frame(self, image: torch.Tensor) -> torch.Tensor:

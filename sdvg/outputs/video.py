@@ -135,13 +135,6 @@ class Mp4Stream:
             self._tmp.unlink()
 
 
-def read_mp4_frame_count(path: str | Path) -> int:
-    import av
-
-    with av.open(str(path)) as container:
-        return sum(1 for _ in container.decode(video=0))
-
-
 def probe_video(path: str | Path) -> tuple[int, int]:
     """(width, height) of a video file's first stream, without decoding it; ConfigError if it is no video."""
     import av
