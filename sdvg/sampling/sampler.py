@@ -197,6 +197,15 @@ def describe_fault(exc: BaseException, finished: int) -> str:
     return f"Block {finished} failed in {stage}: {detail}{hint} ({kept})."
 
 
+def _check_given_frames(cfg: SamplerConfig, video: VideoToVideo | None, init: InitBlocks | None) -> None:
+    if init is not None:
+        init.check_fits(cfg.num_blocks, cfg.latent_hw)
+    if video is not None:
+        video.check_fits(cfg.num_blocks, cfg.latent_hw)
+        if cfg.refine_from_step is not None:
+            raise ConfigError("refine_from_step and video-to-video both choose where a block starts; use one.")
+
+
 class _Run:
     """State of one generation, kept apart so one sampler can serve many prompts."""
 
@@ -212,12 +221,7 @@ class _Run:
         cfg, models = sampler.config, sampler.models
         compat = self.compat = cfg.compat
         self.video, self.init = video, init
-        if init is not None:
-            init.check_fits(cfg.num_blocks, cfg.latent_hw)
-        if video is not None:
-            video.check_fits(cfg.num_blocks, cfg.latent_hw)
-            if cfg.refine_from_step is not None:
-                raise ConfigError("refine_from_step and video-to-video both choose where a block starts; use one.")
+        _check_given_frames(cfg, video, init)
         pooled = sampler.pooled_scores if compat.threshold_state == "pooled" else None
         # a prompt switch under a relative threshold: the target makes the block and sets the new reference
         anchors = frozenset(self.prompts.switches) if self.prompts is not None else frozenset()
@@ -233,18 +237,23 @@ class _Run:
         names = [name for name in ("target", "drafter") if getattr(models, name) is not None]
         self.meter = RunMeter(names)
         self.hooks = Hooks((self.meter, *observers))
+        self._compose_stages(cancel, on_step)
+        self.denoisers = self.denoising.denoisers
+        self.denoisers.update(self._start_denoisers(names, self._encode_prompt(prompt_embeds)))
+        self.running = [self.denoisers[n] for n in names if runs_model(self.router.config.mode, n)]
+
+    def _compose_stages(self, cancel, on_step) -> None:
+        """The model stages and the verifier, each handed its collaborators (none calls back into the run)."""
+        cfg, prompt = self.s.config, self.prompt
         self.decoding = Decoding(self.vae, self.meter, self.hooks)
         prompt_at = self.prompts.prompt_at if self.prompts is not None else (lambda _block: prompt)
         self.scoring = None if self.reward is None else Scoring(self.reward, self.meter, self.hooks,
                                                                 self.decoding.device, prompt_at,
-                                                                compat.reward_preprocess)
-        self.denoising = Denoising(cfg, sampler.schedules, self.noise, self.meter, video=video, cancel=cancel,
+                                                                self.compat.reward_preprocess)
+        self.denoising = Denoising(cfg, self.s.schedules, self.noise, self.meter, video=self.video, cancel=cancel,
                                    on_step=on_step)
         self.verifier = make_verifier(cfg.pipelined, self.denoising, self.decoding, self.scoring, self.router,
                                       self.history, cfg.num_blocks)
-        self.denoisers = self.denoising.denoisers
-        self.denoisers.update(self._start_denoisers(names, self._encode_prompt(prompt_embeds)))
-        self.running = [self.denoisers[n] for n in names if runs_model(self.router.config.mode, n)]
 
     def _start_denoisers(self, names: list[str], embeds: torch.Tensor) -> dict[str, BlockDenoiser]:
         cfg, models = self.s.config, self.s.models
