@@ -55,7 +55,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--aux-device", default=None, help="device for text encoder, VAE and reward (default: --device)")
     g.add_argument("--text-encoder-device", default=None, help="device for the text encoder alone (default: "
                    "--aux-device); cpu keeps UMT5-XXL off a small GPU (bf16 there when the DiTs are on CUDA)")
-    g.add_argument("--dtype", default="auto", choices=DIT_DTYPES, help="DiT weight dtype")
+    g.add_argument("--dtype", default="auto", choices=DIT_DTYPES, help="DiT weight dtype, both DiTs (default auto)")
+    for role in ("target", "drafter"):
+        g.add_argument(f"--{role}-dtype", default=None, choices=DIT_DTYPES,
+                       help=f"the {role} DiT's weight dtype (default: --dtype); e.g. --target-dtype fp8_e4m3fn "
+                            "beside a bf16 drafter on a 24 GB card")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads (default: torch's choice)")
     for role in ("target", "drafter"):
         g.add_argument(f"--{role}-lora", action="append", default=[], metavar="FILE[:STRENGTH]",
@@ -239,7 +243,8 @@ def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
     from ..loaders import load_models
 
     return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
-                       aux_device=args.aux_device or args.device, dtype=args.dtype, loras=source.loras,
+                       aux_device=args.aux_device or args.device, dtype=args.dtype,
+                       dtypes={r: getattr(args, f"{r}_dtype", None) for r in ("target", "drafter")}, loras=source.loras,
                        offload=source.offload, text_device=getattr(args, "text_encoder_device", None),
                        pt_weights=compat_from_args(args).pt_weights)
 

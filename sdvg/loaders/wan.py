@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
 from ..errors import ModelFileError
 from ..models.dit import CausalWanTransformer, dit_param_shapes
 from ..models.offload import DEFAULT_RESERVE_BYTES, check_dit_fits, offload_model
 from . import checkpoint
-from .checkpoint import describe_keys, looks_like, parameters_on_meta, prefix_before, torch_load, unwrap_state_dict
+from .checkpoint import describe_keys, looks_like, prefix_before, torch_load, unwrap_state_dict
+from .dit_build import build_dit_from_state_dict, empty_dit, target_dtypes, to_fp8_storage  # noqa: F401 - re-exported
 from .file_checks import require_path
 from .lora import LoraFile, LoraSpec, MergedTensors, prepare_loras
 from .safetensors_io import LazyTensors, ReadOnAccess, read_safetensors_header
@@ -44,7 +44,6 @@ from .wan_keys import (
     META_NUM_HEADS,
     config_from_diffusers,
     config_from_shapes,
-    diffusers_to_original_key,
     original_to_diffusers_names,
     size_label,
 )
@@ -345,91 +344,6 @@ def read_dit_state_dict(
     src = _open_source(path)
     info, raw_to_key = _inspect(src)
     return dict(_read_converted(src, info, raw_to_key, torch.device(device))), info
-
-
-def empty_dit(config: dict[str, Any]) -> CausalWanTransformer:
-    """``CausalWanTransformer(**config)`` with its parameters on the meta device, ready for an assigned state dict."""
-    with parameters_on_meta():
-        return CausalWanTransformer(**config)
-
-
-def target_dtypes(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.dtype]:
-    """Per-parameter dtype: ``dtype``, except modules the model class keeps in fp32 (``_keep_in_fp32_modules``,
-    as diffusers does) when loading in half precision."""
-    keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
-    out = {}
-    for name, _ in model.named_parameters():
-        parts = name.split(".")
-        fp32 = dtype in (torch.float16, torch.bfloat16) and any(m in parts for m in keep)
-        out[name] = torch.float32 if fp32 else dtype
-    return out
-
-
-def _check_keys(model: nn.Module, state_dict: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> None:
-    expected = set(model.state_dict())
-    missing = sorted(expected - set(state_dict))
-    unexpected = sorted(set(state_dict) - expected)
-    if not (missing or unexpected):
-        return
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} missing (e.g. {checkpoint.first_keys([diffusers_to_original_key(k) for k in missing], 4)})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected (e.g. {checkpoint.first_keys(unexpected, 4)})")
-    raise ModelFileError(
-        f"{name}: the weights do not match a Wan 2.1 T2V DiT with dim "
-        f"{config['num_attention_heads'] * config['attention_head_dim']} and {config['num_layers']} layers: "
-        f"{'; '.join(parts)}. The file is incomplete or a different model variant."
-    )
-
-
-def to_fp8_storage(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Give a (meta) model the parameter dtypes of fp8 storage: the layers diffusers' layerwise casting handles as
-    float8_e4m3fn (computed in ``dtype``), the rest in ``dtype`` / fp32 as :func:`target_dtypes` says."""
-    for pname, want in target_dtypes(model, dtype).items():  # meta: free
-        mod_name, _, attr = pname.rpartition(".")
-        mod = model.get_submodule(mod_name)
-        setattr(mod, attr, nn.Parameter(getattr(mod, attr).to(want), requires_grad=False))
-    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
-
-
-def build_dit_from_state_dict(
-    state_dict: dict[str, torch.Tensor],
-    config: dict[str, Any],
-    *,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device = "cpu",
-    fp8_storage: bool = False,
-    name: str = "checkpoint",
-) -> CausalWanTransformer:
-    """Build ``CausalWanTransformer(**config)`` with meta parameters and assign the diffusers-keyed ``state_dict``
-    (strict). Tensors that already have the wanted dtype and device are used as they are (no copy); others are
-    converted one at a time. ``fp8_storage``: the layers diffusers' layerwise casting handles are stored as
-    float8_e4m3fn (computed in ``dtype``, bf16 by default), converted tensor by tensor so the peak stays near the
-    fp8 size."""
-    model = empty_dit(config)
-    dev = torch.device(device)
-    _check_keys(model, state_dict, config, name)
-    if fp8_storage:
-        dtype = dtype or torch.bfloat16
-        to_fp8_storage(model, dtype)
-        targets = {k: p.dtype for k, p in model.named_parameters()}
-    else:
-        targets = target_dtypes(model, dtype) if dtype is not None else {}
-    ready = {}
-    for k in list(state_dict):
-        v = state_dict[k]
-        want = targets.get(k, v.dtype) if v.is_floating_point() else v.dtype
-        ready[k] = v.to(dtype=want) if v.device.type == "meta" or dev.type == "meta" else v.to(device=dev, dtype=want)
-    try:
-        model.load_state_dict(ready, strict=True, assign=True)
-    except RuntimeError as exc:
-        raise ModelFileError(f"{name}: the tensor shapes do not match the inferred config ({exc}).") from exc
-    if dev.type != "meta":
-        model.to(dev)
-    model.eval()
-    model.requires_grad_(False)
-    return model
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, info: DiTCheckpointInfo, device: torch.device):
