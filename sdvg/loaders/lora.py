@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, ModelFileError
+from ..models.quant import is_stored_quant
 from .checkpoint import first_keys, load_checkpoint
 from .file_checks import require_path
 from .wan_keys import diffusers_to_original_key
@@ -352,8 +353,12 @@ class MergedTensors(Mapping):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         tensor = self._base[name]
-        if self._device is not None and self._loras.touches(name):
+        if not self._loras.touches(name):
+            return tensor
+        if self._device is not None:
             tensor = tensor.to(self._device)
+        if is_stored_quant(tensor):  # a GGUF / scaled-fp8 weight a LoRA changes: merged in fp32, kept dense
+            tensor = tensor.dequantize(torch.float32)
         return self._loras.merge(name, tensor)
 
 

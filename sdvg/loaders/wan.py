@@ -34,12 +34,15 @@ from ..devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_d
 from ..errors import ModelFileError
 from ..models.dit import CausalWanTransformer, dit_param_shapes
 from ..models.offload import DEFAULT_RESERVE_BYTES, check_dit_fits, offload_model
+from ..models.quant import PLAIN_GGML, has_kernel
 from . import checkpoint
 from .checkpoint import describe_keys, looks_like, prefix_before, torch_load, unwrap_state_dict
 from .dit_build import build_dit_from_state_dict, empty_dit, target_dtypes, to_fp8_storage  # noqa: F401 - re-exported
 from .file_checks import require_path
+from .gguf_file import open_gguf
 from .lora import LoraFile, LoraSpec, MergedTensors, prepare_loras
 from .safetensors_io import LazyTensors, ReadOnAccess, read_safetensors_header
+from .scaled_fp8 import FP8_DTYPES, SCALE_MARKERS, find_scales, stored_nbytes, with_scales
 from .wan_keys import (
     META_NUM_HEADS,
     config_from_diffusers,
@@ -76,7 +79,6 @@ KNOWN_PREFIXES = (
 # keys of other components that all-in-one checkpoints carry beside the DiT; ignored when the DiT has a prefix
 SIBLING_PREFIXES = ("first_stage_model.", "cond_stage_model.", "conditioner.", "vae.", "text_encoder.", "text_encoders.")
 
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @dataclass
@@ -93,9 +95,25 @@ class DiTCheckpointInfo:
     num_params: int
     dtype: str  # the dtype holding most parameters, e.g. "bfloat16"
     fp8: bool  # some weights are stored as float8
-    scaled_fp8: bool  # Comfy "scaled fp8" (scale_weight keys): refused by load_dit
+    scaled_fp8: bool  # Comfy "scaled fp8" (scale_weight / weight_scale keys): kept as fp8 + scale
     num_tensors: int
     files: list[str] = field(default_factory=list)  # the weight files read (several for sharded folders)
+    quant: dict[str, int] = field(default_factory=dict)  # stored type → tensor count (GGUF types, fp8_scaled)
+    stored_bytes: int = 0  # bytes of the DiT's tensors in the file
+    quant_bytes: int = 0  # bytes of the quantized tensors (with their scales)
+    quant_params: int = 0  # parameters in the quantized tensors
+    fp32_params: int = 0  # parameters of the time embedding (fp32 beside bf16/fp16, as diffusers keeps it)
+
+    def device_bytes(self, dtype: torch.dtype) -> int:
+        """The weights' bytes on the device: the tensors that stay quantized as stored, the rest in ``dtype`` (the
+        time embedding in fp32 beside half precision)."""
+        size = torch.empty((), dtype=dtype).element_size()
+        return self.quant_bytes + (self.num_params - self.quant_params) * size + self.fp32_params * (4 - size)
+
+    @property
+    def quantized(self) -> bool:
+        """GGUF or scaled fp8: weights that stay in stored form on the device (``models/quant.py``)."""
+        return bool(self.quant)
 
     @property
     def dim(self) -> int:
@@ -105,10 +123,15 @@ class DiTCheckpointInfo:
         layers = self.config["num_layers"]
         return (
             f"Wan 2.1 T2V DiT {self.size_label} ({self.num_params / 1e9:.2f}B params, dim {self.dim}, {layers} layers, "
-            f"{self.config['num_attention_heads']} heads, {self.dtype}{', fp8' if self.fp8 else ''}) "
+            f"{self.config['num_attention_heads']} heads, {self._types()}) "
             f"from {self.format} [{self.key_layout} keys, prefix {self.prefix!r}"
             f"{', ' + self.pt_key if self.pt_key else ''}]"
         )
+
+    def _types(self) -> str:
+        if self.quant:
+            return ", ".join(f"{k} ×{n}" for k, n in sorted(self.quant.items(), key=lambda kv: -kv[1]))
+        return self.dtype + (", fp8" if self.fp8 else "")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -127,12 +150,19 @@ class _Source:
     key_file: dict[str, Path] = field(default_factory=dict)  # safetensors: key → shard
     tensors: dict[str, torch.Tensor] | None = None  # pickles: the loaded (mmapped) tensors
     diffusers_config: dict[str, Any] | None = None
+    reader: Any = None  # GGUF: raw key → tensor or QuantTensor
+    quant: dict[str, str] = field(default_factory=dict)  # raw key → stored type (quantized tensors only)
+    scales: dict[str, str] = field(default_factory=dict)  # scaled fp8: raw weight key → raw scale key
+    nbytes: dict[str, int] = field(default_factory=dict)  # raw key → stored bytes (when known)
+    types: dict[str, int] = field(default_factory=dict)  # GGUF: raw key → ggml type number
 
     def tensors_by_name(self, names: dict[str, str], device: torch.device) -> Mapping[str, torch.Tensor]:
         """``{name: raw key}`` → a mapping whose ``[name]`` reads that tensor (safetensors: from its shard with plain
         reads, then onto ``device``; pickles: the mmapped tensor). Nothing is read before it is asked for."""
         if self.tensors is not None:
             return {name: self.tensors[raw] for name, raw in names.items()}
+        if self.reader is not None:
+            return ReadOnAccess(names, self.reader, device)
         shards = {f: LazyTensors(read_safetensors_header(f)) for f in dict.fromkeys(self.key_file.values())}
         return ReadOnAccess(names, lambda raw: shards[self.key_file[raw]][raw], device)
 
@@ -156,12 +186,17 @@ def _open_source(path: str | os.PathLike, pt_weights: str = "ema") -> _Source:
     if p.is_dir():
         return _open_diffusers_dir(_resolve_diffusers_dir(p))
     name = p.name.lower()
+    if name.endswith(".gguf"):
+        g = open_gguf(p)
+        quant = {k: g.type_name(k) for k, t in g.types.items() if t not in PLAIN_GGML}
+        return _Source(p, "gguf", [p], g.shapes, {k: PLAIN_GGML.get(t) for k, t in g.types.items()}, g.metadata,
+                       reader=g.read, quant=quant, nbytes={k: g.stored_bytes(k) for k in g.shapes}, types=g.types)
     if name.endswith(".safetensors"):
         header = read_safetensors_header(p)
         header.require_complete()
         shapes = header.shapes
         return _Source(p, "safetensors", [p], shapes, header.dtypes, dict(header.metadata),
-                       key_file=dict.fromkeys(shapes, p))
+                       key_file=dict.fromkeys(shapes, p), nbytes=stored_nbytes(shapes, header.dtypes))
     if name.endswith(PT_SUFFIXES):
         ck = unwrap_state_dict(torch_load(p), p, pt_weights=pt_weights)
         tensors = ck.tensors
@@ -169,7 +204,8 @@ def _open_source(path: str | os.PathLike, pt_weights: str = "ema") -> _Source:
             p, "pt", [p], {k: tuple(v.shape) for k, v in tensors.items()}, {k: v.dtype for k, v in tensors.items()},
             {f"sdvg.{k}": v for k, v in ck.config.items()}, pt_key=ck.entry, tensors=tensors,
         )
-    raise ModelFileError(f"{p}: unknown file type {p.suffix!r}. Use .safetensors, .pt/.pth/.ckpt or a diffusers folder.")
+    raise ModelFileError(f"{p}: unknown file type {p.suffix!r}. Use .safetensors, .gguf, .pt/.pth/.ckpt or a diffusers "
+                         "folder.")
 
 
 def _open_diffusers_dir(folder: Path) -> _Source:
@@ -237,11 +273,11 @@ def _strip(src: _Source, prefix: str) -> dict[str, str]:
     outside: list[str] = []
     for raw in src.shapes:
         k = raw.replace("_fsdp_wrapped_module.", "")
+        if k == "scaled_fp8" or k.endswith((".scaled_fp8", *SCALE_MARKERS)) and not k.endswith(".comfy_quant"):
+            continue
         if k.startswith(prefix):
             mapping[raw] = k[len(prefix) :]
         elif prefix and k.startswith(SIBLING_PREFIXES):
-            continue
-        elif k == "scaled_fp8" or k.endswith((".scale_input",)):
             continue
         else:
             outside.append(raw)
@@ -252,9 +288,6 @@ def _strip(src: _Source, prefix: str) -> dict[str, str]:
         )
     return mapping
 
-
-def _is_scaled_fp8(keys: list[str]) -> bool:
-    return any(k == "scaled_fp8" or k.endswith(("scale_weight", ".scale_input")) for k in keys)
 
 
 def _infer_config(src: _Source, layout: str, stripped: dict[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -271,7 +304,7 @@ def _infer_config(src: _Source, layout: str, stripped: dict[str, tuple[int, ...]
 
 def _inspect(src: _Source) -> tuple[DiTCheckpointInfo, dict[str, str]]:
     layout, prefix = _detect_layout(src)
-    raw_to_key = _strip(src, prefix)
+    raw_to_key = find_scales(src, _strip(src, prefix))
     stripped = {k: src.shapes[raw] for raw, k in raw_to_key.items()}
     i2v = [k for k in stripped if k.startswith(("img_emb.", "condition_embedder.image_embedder")) or "k_img" in k
            or "add_k_proj" in k]
@@ -287,10 +320,8 @@ def _inspect(src: _Source) -> tuple[DiTCheckpointInfo, dict[str, str]]:
     for raw in raw_to_key:
         n = math.prod(src.shapes[raw])
         dt = src.dtypes.get(raw)
-        if raw.endswith(("scale_weight", "scale_input")):
-            continue
         num_params += n
-        by_dtype[str(dt).replace("torch.", "") if dt is not None else "unknown"] += n
+        by_dtype[src.quant.get(raw) or (str(dt).replace("torch.", "") if dt is not None else "unknown")] += n
         fp8 = fp8 or dt in FP8_DTYPES
     info = DiTCheckpointInfo(
         path=str(src.path),
@@ -303,11 +334,26 @@ def _inspect(src: _Source) -> tuple[DiTCheckpointInfo, dict[str, str]]:
         num_params=num_params,
         dtype=by_dtype.most_common(1)[0][0] if by_dtype else "unknown",
         fp8=fp8,
-        scaled_fp8=_is_scaled_fp8(list(src.shapes)),
+        scaled_fp8=bool(src.scales),
         num_tensors=len(src.shapes),
         files=[str(f) for f in src.files],
+        quant=dict(Counter(src.quant[raw] for raw in raw_to_key if raw in src.quant)),
+        stored_bytes=sum(src.nbytes.get(raw, 0) for raw in src.shapes),
+        **_stays_stored(src, raw_to_key),
     )
     return info, raw_to_key
+
+
+def _stays_stored(src: _Source, raw_to_key: dict[str, str]) -> dict[str, int]:
+    """Bytes and parameters of the quantized tensors that stay in stored form on the device (the builder's rule:
+    2-D Linear weights with a kernel, outside the fp32 time embedding), and the fp32 time embedding's parameters."""
+    kept = [raw for raw in src.quant if raw in raw_to_key and len(src.shapes[raw]) == 2
+            and not raw_to_key[raw].startswith("time_embedding.")
+            and (src.quant[raw] == "fp8_scaled" or has_kernel(src.types.get(raw, -2)))]
+    return {"quant_bytes": sum(src.nbytes.get(raw, 0) + src.nbytes.get(src.scales.get(raw, ""), 0) for raw in kept),
+            "quant_params": sum(math.prod(src.shapes[raw]) for raw in kept),
+            "fp32_params": sum(math.prod(src.shapes[raw]) for raw, key in raw_to_key.items()
+                               if key.startswith("time_embedding."))}
 
 
 def inspect_dit_checkpoint(path: str | os.PathLike) -> DiTCheckpointInfo:
@@ -323,16 +369,13 @@ def inspect_dit_checkpoint(path: str | os.PathLike) -> DiTCheckpointInfo:
 def _read_converted(
     src: _Source, info: DiTCheckpointInfo, raw_to_key: dict[str, str], device: torch.device
 ) -> Mapping[str, torch.Tensor]:
-    if info.scaled_fp8:
-        raise ModelFileError(
-            f"{src.path}: a 'scaled fp8' checkpoint (it has scale_weight/scaled_fp8 entries). SDVG cannot load these "
-            "DiTs: use a bf16/fp16 file or a plain fp8_e4m3fn file (no '_scaled' in the name) of the same model."
-        )
     if info.key_layout == "original":
         renamed = original_to_diffusers_names(raw_to_key.values())
         names = {renamed[key]: raw for raw, key in raw_to_key.items()}
     else:
         names = {key: raw for raw, key in raw_to_key.items()}
+    if src.scales:
+        return with_scales(src, names, device)
     return src.tensors_by_name(names, device)
 
 
@@ -347,7 +390,11 @@ def read_dit_state_dict(
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, info: DiTCheckpointInfo, device: torch.device):
-    """→ (param/compute dtype, fp8_storage flag)."""
+    """→ (param/compute dtype, fp8_storage flag). A GGUF / scaled-fp8 file keeps its stored form: the dtype is the
+    compute dtype (auto: bf16 on CUDA, fp32 on CPU; fp8_e4m3fn: bf16)."""
+    if info.quantized:
+        chosen = parse_dtype(dtype, default=default_compute_dtype(device))
+        return (torch.bfloat16 if chosen == FP8_STORAGE else chosen), False
     stored = getattr(torch, info.dtype, None)
     if device.type == "cuda" and stored in (torch.bfloat16, torch.float16):
         default = stored
@@ -394,7 +441,7 @@ def load_dit(
     # each tensor is read when the model asks for it (plain reads, never a map of the file), gets its LoRA deltas and
     # is converted on its way to the device, so RAM holds one tensor at a time; straight to the device when nothing
     # needs converting
-    direct = not fp8 and not info.fp8 and info.dtype == str(param_dtype).replace("torch.", "")
+    direct = info.quantized or not fp8 and not info.fp8 and info.dtype == str(param_dtype).replace("torch.", "")
     sd = _read_converted(src, info, raw_to_key, build_dev if direct else torch.device("cpu"))
     if merge:
         sd = MergedTensors(sd, merge, dev)
