@@ -616,9 +616,22 @@ def test_dit_from_a_core_model_refuses_what_it_cannot_take(tiny_host, tiny_nodes
     i2v.model.diffusion_model.model_type = "i2v"
     with pytest.raises(ConfigError, match="text-to-video"):
         convert(model=i2v, weight_dtype="fp32", device="cpu", offload="keep_loaded")
-    scaled = _fake_core_model({**_tiny_target_original(tiny_root), "scaled_fp8": torch.zeros(1)}, heads=8)
-    with pytest.raises(ConfigError, match="scaled fp8"):
-        convert(model=scaled, weight_dtype="fp32", device="cpu", offload="keep_loaded")
+
+
+def test_dit_from_a_scaled_fp8_core_model_keeps_fp8_and_applies_the_scales(tiny_host, tiny_nodes, tiny_root):
+    """A scaled-fp8 MODEL (fp8 weights, scale_weight entries, the scaled_fp8 marker) converts; its layers stay fp8 +
+    scale and compute weight.float() * scale (tests/test_core_quant.py checks the forward bit for bit)."""
+    convert = tiny_nodes["SDVGDiTFromModel"].execute
+    original = _tiny_target_original(tiny_root)
+    key = "blocks.0.self_attn.q.weight"
+    weights = {**original, "scaled_fp8": torch.zeros(0, dtype=torch.float8_e4m3fn)}
+    weights[key] = (original[key] / 0.25).to(torch.float8_e4m3fn)
+    weights["blocks.0.self_attn.q.scale_weight"] = torch.tensor([0.25])
+    dit = convert(model=_fake_core_model(weights, heads=8), weight_dtype="fp32", device="cpu",
+                  offload="keep_loaded")[0]
+    layer = dit.model.blocks[0].attn1.to_q
+    assert layer.type_name == "fp8_scaled" and layer.weight.dtype == torch.float8_e4m3fn
+    assert torch.equal(layer.dequantized(), weights[key].float() * 0.25)
 
 
 def test_the_readme_names_the_nodes_as_comfyui_shows_them(nodes):
