@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import DIT_DTYPES, ConfigError, blocks_for_frames
@@ -68,6 +68,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{role}-offload-blocks", default=None, metavar="K|auto",
                        help=f"keep K {role} transformer blocks on the GPU and stream the rest from pinned CPU memory "
                             "(auto: as many as fit, leaving 14 GiB for caches and the other models)")
+    g.add_argument("--lora-strict", action="store_true",
+                   help="refuse a LoRA with keys the DiT has no place for (an I2V LoRA's image layers, text-encoder "
+                        "keys) instead of skipping them with a warning")
 
 
 def add_cache_args(g) -> None:
@@ -234,7 +237,9 @@ def dit_options(args) -> tuple[dict[str, list], dict[str, int | str | None]]:
     from ..models import parse_offload
 
     roles = ("target", "drafter")
-    loras = {r: [parse_lora_arg(x) for x in getattr(args, f"{r}_lora", None) or ()] for r in roles}
+    strict = bool(getattr(args, "lora_strict", False))
+    loras = {r: [replace(parse_lora_arg(x), strict=strict) for x in getattr(args, f"{r}_lora", None) or ()]
+             for r in roles}
     offload = {r: parse_offload(getattr(args, f"{r}_offload_blocks", None)) for r in roles}
     return {r: v for r, v in loras.items() if v}, offload
 
