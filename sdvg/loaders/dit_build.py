@@ -10,6 +10,7 @@ tensor (a convolution, a layer kept in fp32, a ggml type without a kernel) is de
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import nn
 
 from ..errors import ModelFileError
 from ..models.dit import CausalWanTransformer
-from ..models.quant import QuantTensor, has_kernel, is_stored_quant, quant_linear_like
+from ..models.quant import GGML_TYPES, QuantTensor, ggml_type, has_kernel, is_stored_quant, quant_linear_like
 from . import checkpoint
 from .checkpoint import parameters_on_meta
 from .wan_keys import diffusers_to_original_key
@@ -70,6 +71,29 @@ def to_fp8_storage(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Non
         mod = model.get_submodule(mod_name)
         setattr(mod, attr, nn.Parameter(getattr(mod, attr).to(want), requires_grad=False))
     model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+
+
+def stays_stored(original_key: str, shape, type_name: str) -> bool:
+    """Whether a stored tensor (original Wan key, ``type_name`` a ggml type or ``fp8_scaled``) stays in stored form
+    on the device, by the rule :func:`_stays_quantized` applies to the built model: 2-D Linear weights outside the
+    fp32 time embedding whose type has a kernel. For sizes before a load (inspect, fit checks, the README table)."""
+    kernels = {ggml_type(t).name for t in GGML_TYPES if has_kernel(t)} | {"fp8_scaled"}
+    return len(shape) == 2 and not original_key.startswith("time_embedding.") and type_name in kernels
+
+
+def stored_form_bytes(shapes: dict[str, tuple[int, ...]], kind: str) -> dict[str, int]:
+    """Device bytes per original key of a DiT whose stored tensors are all of ``kind`` (a ggml type with a kernel, or
+    ``fp8_scaled``): the tensors that stay stored (:func:`stays_stored`) at their stored size (fp8: 1 byte a weight
+    and a float32 scale), the rest in bf16 (the time embedding in fp32)."""
+    row = {t.name: t for t in GGML_TYPES.values()}
+    out = {}
+    for key, shape in shapes.items():
+        n = math.prod(shape)
+        if not stays_stored(key, shape, kind):
+            out[key] = n * (4 if key.startswith("time_embedding.") else 2)
+        else:
+            out[key] = n + 4 if kind == "fp8_scaled" else shape[0] * row[kind].row_bytes(shape[1])
+    return out
 
 
 def _stays_quantized(model: nn.Module, key: str, value) -> nn.Linear | None:

@@ -34,10 +34,16 @@ from ..devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_d
 from ..errors import ModelFileError
 from ..models.dit import CausalWanTransformer, dit_param_shapes
 from ..models.offload import DEFAULT_RESERVE_BYTES, check_dit_fits, offload_model
-from ..models.quant import PLAIN_GGML, has_kernel
+from ..models.quant import PLAIN_GGML
 from . import checkpoint
 from .checkpoint import describe_keys, looks_like, prefix_before, torch_load, unwrap_state_dict
-from .dit_build import build_dit_from_state_dict, empty_dit, target_dtypes, to_fp8_storage  # noqa: F401 - re-exported
+from .dit_build import (  # noqa: F401 - build_dit_from_state_dict, empty_dit, target_dtypes, to_fp8_storage re-exported
+    build_dit_from_state_dict,
+    empty_dit,
+    stays_stored,
+    target_dtypes,
+    to_fp8_storage,
+)
 from .file_checks import require_path
 from .gguf_file import open_gguf
 from .lora import LoraFile, LoraSpec, MergedTensors, prepare_loras
@@ -347,9 +353,8 @@ def _inspect(src: _Source) -> tuple[DiTCheckpointInfo, dict[str, str]]:
 def _stays_stored(src: _Source, raw_to_key: dict[str, str]) -> dict[str, int]:
     """Bytes and parameters of the quantized tensors that stay in stored form on the device (the builder's rule:
     2-D Linear weights with a kernel, outside the fp32 time embedding), and the fp32 time embedding's parameters."""
-    kept = [raw for raw in src.quant if raw in raw_to_key and len(src.shapes[raw]) == 2
-            and not raw_to_key[raw].startswith("time_embedding.")
-            and (src.quant[raw] == "fp8_scaled" or has_kernel(src.types.get(raw, -2)))]
+    kept = [raw for raw in src.quant if raw in raw_to_key and stays_stored(raw_to_key[raw], src.shapes[raw],
+                                                                            src.quant[raw])]
     return {"quant_bytes": sum(src.nbytes.get(raw, 0) + src.nbytes.get(src.scales.get(raw, ""), 0) for raw in kept),
             "quant_params": sum(math.prod(src.shapes[raw]) for raw in kept),
             "fp32_params": sum(math.prod(src.shapes[raw]) for raw, key in raw_to_key.items()
