@@ -684,6 +684,24 @@ def test_lora_node_errors_name_the_problem(tiny_host, tiny_nodes, tiny_root):
         tiny_nodes["SDVGLoraLoader"].execute(dit=from_core, lora_name="for_the_drafter.safetensors", strength=1.0)
 
 
+def test_lora_node_skips_i2v_keys_and_strict_refuses_them(tiny_host, tiny_nodes, tiny_root):
+    from safetensors.torch import save_file
+
+    from sdvg.fixtures.loras import lora_factors, lora_state_dict
+    from sdvg.fixtures.tiny import TINY_TARGET_CONFIG
+
+    ModelFileError = pack.submodule("sdvg.errors").ModelFileError
+    sd, _ = lora_state_dict(lora_factors(TINY_TARGET_CONFIG, seed=4), "kohya")
+    sd["lora_unet_blocks_0_cross_attn_k_img.lora_down.weight"] = torch.zeros(4, 512)
+    save_file(sd, str(tiny_root / "loras" / "an_i2v_lora.safetensors"))
+    target = tiny_nodes["SDVGModelLoader"].execute(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32",
+                                                    device="cpu", offload="keep_loaded")[0]
+    add = tiny_nodes["SDVGLoraLoader"].execute
+    assert add(dit=target, lora_name="an_i2v_lora.safetensors", strength=1.0)[0].loras  # the T2V part applies
+    with pytest.raises(ModelFileError, match="strict LoRA matching refuses them"):
+        add(dit=target, lora_name="an_i2v_lora.safetensors", strength=1.0, strict=True)
+
+
 def test_block_offload_on_the_loader_streams_blocks_comfy_does_not_move(tiny_host, tiny_nodes):
     load = tiny_nodes["SDVGModelLoader"].execute
     plain = load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
