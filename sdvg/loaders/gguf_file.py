@@ -4,24 +4,23 @@ A GGUF DiT holds the original Wan keys (``blocks.0.self_attn.q.weight`` …, som
 ``model.diffusion_model.``), ``general.architecture = "wan"``, quantized 2-D weights (Q8_0, Q6_K, Q5_K, Q4_K, …) and
 unquantized F32/F16/BF16 tensors (norms, modulation, biases, the 5-D patch embedding, whose shape is kept in the
 ``comfy.gguf.orig_shape.<name>`` metadata). Tensor shapes in GGUF are reversed (``ne`` order); the logical shape is
-the metadata's, else the reversed one. The file is memory-mapped by gguf's reader; each tensor is copied out when it
-is asked for: plain tensors as torch tensors, quantized ones as :class:`~sdvg.models.quant.QuantTensor` (their bytes,
+the metadata's, else the reversed one. The file is memory-mapped by gguf's reader for its header only; each tensor is
+read with plain reads (never through the map) when it is asked for: plain tensors as torch tensors, quantized ones as :class:`~sdvg.models.quant.QuantTensor` (their bytes,
 ``uint8 [rows, row_bytes]``).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..errors import ModelFileError
 from ..models.quant import PLAIN_GGML, QuantTensor, ggml_type
+from .safetensors_io import read_span
 from .wan_keys import META_NUM_HEADS
 
 ORIG_SHAPE = "comfy.gguf.orig_shape."
@@ -47,17 +46,16 @@ class GGUFContents:
     def read(self, name: str) -> torch.Tensor | QuantTensor:
         """One tensor copied out of the map: a torch tensor (F32/F16/BF16) or a :class:`QuantTensor`."""
         t, shape, qtype = self._tensors[name], self.shapes[name], self.types[name]
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            raw = torch.from_numpy(np.array(t.data, copy=True))
+        data = read_span(self.path, int(t.data_offset), int(t.n_bytes))  # plain reads: the map is never touched
+        if len(data) != int(t.n_bytes):
+            raise ModelFileError(f"{self.path}: tensor {name} is cut short ({len(data)} of {int(t.n_bytes)} bytes); "
+                                 "the download is incomplete. Fetch the file again.")
+        raw = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
         if qtype in PLAIN_GGML:
-            want = PLAIN_GGML[qtype]
-            if raw.dtype != want:
-                raw = raw.reshape(-1).view(torch.uint8).view(want)
-            return raw.reshape(shape)
+            return raw.view(PLAIN_GGML[qtype]).reshape(shape)
         kind = ggml_type(qtype)
         rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-        return QuantTensor(raw.reshape(-1).view(torch.uint8).reshape(rows, kind.row_bytes(shape[-1])), qtype, shape)
+        return QuantTensor(raw.reshape(rows, kind.row_bytes(shape[-1])), qtype, shape)
 
 
 def _field(reader, name: str):
