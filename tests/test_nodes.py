@@ -720,3 +720,17 @@ def test_block_offload_on_the_loader_streams_blocks_comfy_does_not_move(tiny_hos
     with pytest.raises(ConfigError):
         load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded",
              block_offload="sometimes")
+
+
+def test_the_dit_loader_lists_and_loads_a_gguf_file(tiny_host, tiny_nodes, tiny_root):
+    pytest.importorskip("gguf")
+    from sdvg.fixtures.quant_files import write_gguf_dit
+    from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, random_original_state_dict
+
+    write_gguf_dit(tiny_root / "diffusion_models" / "sub" / "target-Q4_K.gguf",
+                   random_original_state_dict(TINY_TARGET_CONFIG, seed=2), qtype="Q4_K", num_heads=8)
+    options = stub.node_info(tiny_nodes["SDVGModelLoader"])["input"]["required"]["model_name"][0]
+    assert "sub/target-Q4_K.gguf" in options and "sdvg_tiny_target.safetensors" in options
+    dit = tiny_nodes["SDVGModelLoader"].execute(model_name="sub/target-Q4_K.gguf", weight_dtype="fp32", device="cpu",
+                                                offload="keep_loaded")[0]
+    assert dit.model.blocks[0].attn1.to_q.type_name == "Q4_K"
