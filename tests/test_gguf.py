@@ -128,3 +128,22 @@ def test_bad_gguf_files_are_named(tmp_path):
         fh.truncate(cut.stat().st_size - 1000)
     with pytest.raises(ModelFileError, match="not a readable GGUF file.*incomplete"):
         load_dit(cut)
+
+
+def test_types_without_a_torch_kernel_are_dequantized_once_at_load_by_gguf(tmp_path):
+    path = tmp_path / "mixed.gguf"
+    sd = random_original_state_dict(TINY_DRAFTER_CONFIG, seed=4)
+    stored = write_gguf_dit(path, sd, qtype="Q8_0", types={"blocks.0.self_attn.q.weight": "Q5_0",
+                                                           "blocks.1.ffn.0.weight": "Q4_1"},
+                            num_heads=TINY_DRAFTER_CONFIG["num_attention_heads"])
+    assert stored["blocks.0.self_attn.q.weight"] == "Q5_0"
+    info = inspect_dit_checkpoint(path)
+    assert info.quant["Q5_0"] == info.quant["Q4_1"] == 1
+    model = load_dit(path, dtype="fp32")
+    assert type(model.blocks[0].attn1.to_q) is torch.nn.Linear and isinstance(model.blocks[0].attn1.to_k, QuantLinear)
+    ref = build_dit_from_state_dict(original_to_diffusers(gguf_dequantized_state(path)), TINY_DRAFTER_CONFIG,
+                                    dtype=torch.float32)
+    for a, b in zip(_calls(model), _calls(ref), strict=True):
+        assert torch.equal(a, b)
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert held == info.device_bytes(torch.float32)

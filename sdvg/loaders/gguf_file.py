@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import ModelFileError
@@ -55,6 +56,12 @@ class GGUFContents:
             return raw.view(PLAIN_GGML[qtype]).reshape(shape)
         kind = ggml_type(qtype)
         rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+        if kind.kernel is None:  # no torch kernel (Q2_K, Q3_K, Q4_1, Q5_0, …): gguf's numpy dequantize, once, here
+            from gguf import GGMLQuantizationType
+            from gguf.quants import dequantize
+
+            values = dequantize(raw.numpy().reshape(rows, -1), GGMLQuantizationType(qtype))
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
         return QuantTensor(raw.reshape(rows, kind.row_bytes(shape[-1])), qtype, shape)
 
 
