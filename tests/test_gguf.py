@@ -147,3 +147,23 @@ def test_types_without_a_torch_kernel_are_dequantized_once_at_load_by_gguf(tmp_p
         assert torch.equal(a, b)
     held = sum(p.numel() * p.element_size() for p in model.parameters())
     assert held == info.device_bytes(torch.float32)
+
+
+def test_a_lora_on_a_gguf_dit_merges_into_the_dequantized_weights_it_touches(tmp_path):
+    from sdvg.fixtures.loras import lora_factors, write_lora
+    from sdvg.loaders.lora import LoraSpec
+
+    path = tmp_path / "d.gguf"
+    write_gguf_dit(path, random_original_state_dict(TINY_DRAFTER_CONFIG, seed=6), qtype="Q8_0",
+                   num_heads=TINY_DRAFTER_CONFIG["num_attention_heads"])
+    factors = {k: v for k, v in lora_factors(TINY_DRAFTER_CONFIG, seed=2).items() if k.startswith("blocks.0.")}
+    lora = write_lora(tmp_path / "l.safetensors", factors, "kohya")
+    model = load_dit(path, dtype="fp32", loras=[LoraSpec(lora, 0.5)])
+    ref = original_to_diffusers(gguf_dequantized_state(path))
+    for module, (up, down, alpha) in factors.items():
+        ref[module + ".weight"] = ref[module + ".weight"] + (up @ down) * (0.5 * alpha / down.shape[0])
+    got = dict(model.named_parameters())
+    for module in factors:  # touched: dense, merged in fp32
+        assert torch.equal(got[module + ".weight"], ref[module + ".weight"])
+    assert isinstance(model.blocks[1].attn1.to_q, QuantLinear)  # untouched: still quantized
+    assert type(model.blocks[0].attn1.to_q) is torch.nn.Linear
