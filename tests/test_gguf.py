@@ -122,6 +122,8 @@ def test_bad_gguf_files_are_named(tmp_path):
     writer.close()
     with pytest.raises(ModelFileError, match="'llama' architecture"):
         load_dit(llama)
+    with pytest.raises(ModelFileError, match="'llama' architecture"):  # inspect says so too (no pickle guess)
+        describe_model_file(llama)
     cut = tmp_path / "cut.gguf"
     write_gguf_dit(cut, random_original_state_dict(TINY_DRAFTER_CONFIG, seed=1), num_heads=2)
     with open(cut, "r+b") as fh:

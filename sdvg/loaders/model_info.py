@@ -30,7 +30,7 @@ def describe_model_file(path: str | Path) -> str:
     try:
         info = inspect_dit_checkpoint(path)
     except ModelFileError:
-        if path.is_dir():
+        if path.is_dir() or path.name.lower().endswith(".gguf"):  # a GGUF is a DiT here or says what it is
             raise
         return _describe_other(path)
     n = info.num_params
