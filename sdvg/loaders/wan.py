@@ -9,7 +9,9 @@ Accepted inputs (see ``docs`` / README for the table):
   CausVid; ``generator_ema`` preferred), ``{"state_dict"|"model"|"module": sd}`` or a plain state dict; always read
   with ``weights_only=True`` (and ``mmap=True`` when the file allows it);
 * diffusers folders (``config.json`` + ``diffusion_pytorch_model*.safetensors``, sharded index included), also a
-  pipeline root holding ``transformer/``.
+  pipeline root holding ``transformer/``;
+* GGUF files in city96's layout (``gguf_file.py``) and scaled-fp8 safetensors (``scaled_fp8.py``): their quantized
+  weights stay in stored form on the device (``models/quant.py``), dequantized per layer in the forward.
 
 The model is built with its parameters on the meta device and filled with ``load_state_dict(strict=True,
 assign=True)``, so the peak memory stays near one copy of the weights. Every failure is a ``ModelFileError``
@@ -423,7 +425,9 @@ def load_dit(
 
     dtype: ``auto`` (bf16/fp16 files keep their dtype on CUDA, fp8 files get fp8 storage; fp32 on CPU), ``bf16``,
     ``fp16``, ``fp32``, or ``fp8_e4m3fn`` = fp8 weight storage with bf16 compute (diffusers layerwise casting).
-    Modules listed in the model class's ``_keep_in_fp32_modules`` stay fp32 in bf16/fp16, as in diffusers.
+    Modules listed in the model class's ``_keep_in_fp32_modules`` stay fp32 in bf16/fp16, as in diffusers. A GGUF or
+    scaled-fp8 file keeps its quantized weights whatever ``dtype`` says; ``dtype`` is then the compute dtype (auto:
+    bf16 on CUDA, fp32 on CPU) of the layers and of everything unquantized.
     loras: ``LoraSpec(path, strength)`` items merged into the weights as they are read (fp32, before any dtype or fp8
     conversion; several add up); checked against the DiT before any weight is read.
     offload_blocks: None (every block on ``device``), K (K blocks resident, the rest streamed from pinned CPU memory,
