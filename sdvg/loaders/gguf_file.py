@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ModelFileError
+from ..errors import ConfigError, ModelFileError
 from ..models.quant import PLAIN_GGML, QuantTensor, ggml_type
 from .safetensors_io import read_span
 from .wan_keys import META_NUM_HEADS
@@ -82,7 +82,12 @@ def _orig_shape(reader, name: str) -> tuple[int, ...] | None:
 
 def open_gguf(path: str | Path) -> GGUFContents:
     """Read a GGUF file's header (memory-mapped; no tensor is copied). Anything but a Wan DiT GGUF is an error."""
-    import gguf
+    try:
+        import gguf
+    except ImportError as exc:
+        raise ConfigError(f"{path}: reading GGUF files needs the 'gguf' package (llama.cpp's reader, pure Python), "
+                          "which is not installed in this Python: pip install gguf (it is in the pack's "
+                          "requirements.txt).") from exc
 
     path = Path(path)
     try:
