@@ -9,9 +9,12 @@
 #      blocks resident (the 24 GiB plan) vs all resident: bit-identical, seconds per forward, peak memory;
 #   4. Diagonal Distillation training at the real 1.3B shapes with random weights (bench/train_real_size.py): a few
 #      DMD steps (student, teacher, fake score, 832x480, 21 latent frames, bf16 autocast, gradient checkpointing):
-#      seconds per iteration and peak memory beside the FSDP plan's one-GPU estimate.
+#      seconds per iteration and peak memory beside the FSDP plan's one-GPU estimate;
+#   5. GGUF and scaled-fp8 DiTs on the GPU (bench/quant_check.py): the torch dequant kernels on CUDA == gguf's numpy
+#      reference, the tiny GGUF target == its dequantized twin bit for bit (also offloaded, side-stream prefetch),
+#      scaled fp8 offloaded == resident, and forward times of the three.
 # Results go to $OUT (default out/gpu_check): cuda_smoke.json, real_size.json, real_size.png, offload_lora.json,
-# train_real_size.json, logs, summary.txt.
+# train_real_size.json, quant_check.json, logs, summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/gpu_check}"
@@ -37,6 +40,10 @@ offload=${PIPESTATUS[0]}
 timeout 240 "$PY" bench/train_real_size.py --out "$OUT/train_real_size.json" 2>&1 | tee "$OUT/train_real_size.log"
 train=${PIPESTATUS[0]}
 
-echo "cuda_smoke rc=$smoke real_size rc=$real offload_lora rc=$offload train_real_size rc=$train" \
+timeout 120 "$PY" bench/quant_check.py --device cuda --dtype bf16 --out "$OUT/quant_check.json" \
+    2>&1 | tee "$OUT/quant_check.log"
+quant=${PIPESTATUS[0]}
+
+echo "cuda_smoke rc=$smoke real_size rc=$real offload_lora rc=$offload train_real_size rc=$train quant rc=$quant" \
     "elapsed $(( $(date +%s) - start ))s" | tee "$OUT/summary.txt"
-[ "$smoke" -eq 0 ] && [ "$real" -eq 0 ] && [ "$offload" -eq 0 ] && [ "$train" -eq 0 ]
+[ "$smoke" -eq 0 ] && [ "$real" -eq 0 ] && [ "$offload" -eq 0 ] && [ "$train" -eq 0 ] && [ "$quant" -eq 0 ]

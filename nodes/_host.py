@@ -166,6 +166,7 @@ class CoreWeights(NamedTuple):
     heads: int | None
     stored_dtype: torch.dtype
     identity: tuple  # the MODEL and its patches, for caching
+    quantized_bytes: int | None = None  # GGUF (ComfyUI-GGUF) or scaled-fp8 MODEL: its weights' bytes as stored
 
 
 def core_wan_weights(model) -> CoreWeights:
@@ -183,29 +184,34 @@ def core_wan_weights(model) -> CoreWeights:
             f"{' (' + str(getattr(dm, 'model_type', '')) + ')' if dm is not None else ''}. Load a Wan 2.1 T2V "
             "checkpoint with Load Diffusion Model, or use SDVG Load Video DiT."
         )
-    weights = {k[len(CORE_PREFIX):]: v for k, v in model.model_state_dict(CORE_PREFIX).items()}
-    scaled = [k for k in weights if k.endswith(("scale_weight", "scale_input")) or "scaled_fp8" in k]
-    if scaled:
-        raise ConfigError(f"This MODEL is a 'scaled fp8' Wan DiT ({scaled[0]}); SDVG cannot take those weights. Load "
-                          "a bf16/fp16 or plain fp8_e4m3fn file of the same model.")
+    from ..sdvg.loaders import core_nbytes, core_weight, split_scales
+    from ..sdvg.models import is_stored_quant
+
+    # a ComfyUI-GGUF MODEL holds GGMLTensor weights (kept quantized: QuantTensor), a scaled-fp8 MODEL fp8 weights
+    # with scale_weight / weight_scale entries (kept as fp8 + scale)
+    weights, scales = split_scales({k[len(CORE_PREFIX):]: v for k, v in model.model_state_dict(CORE_PREFIX).items()})
     patches = dict(getattr(model, "patches", {}) or {})
     if getattr(model, "hook_patches", None):
         logger.warning("SDVG DiT from MODEL: the MODEL's hook patches (scheduled LoRAs) are not applied")
 
-    def read(key: str) -> torch.Tensor:
-        weight, full = weights[key], CORE_PREFIX + key
+    def read(key: str):
+        weight, full = core_weight(weights[key], scales.get(key)), CORE_PREFIX + key
         if full not in patches:
             return weight
         from comfy.lora import calculate_weight
 
-        # in fp32, as ComfyUI computes it; SDVG's loader then rounds once, to the weight dtype chosen here
-        return calculate_weight(patches[full], weight.to(torch.float32, copy=True), full)
+        # in fp32, as ComfyUI computes it; SDVG's loader then rounds once, to the weight dtype chosen here (a
+        # quantized weight a LoRA patches is dequantized first and stays dense)
+        dense = weight.dequantize(torch.float32) if is_stored_quant(weight) else weight.to(torch.float32, copy=True)
+        return calculate_weight(patches[full], dense, full)
 
-    dtypes = [v.dtype for v in weights.values() if v.is_floating_point()]
+    quantized = bool(scales) or any(getattr(v, "tensor_type", None) is not None for v in weights.values())
+    dtypes = [v.dtype for v in weights.values() if v.is_floating_point() and getattr(v, "tensor_type", None) is None]
     stored = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
     identity = (id(base), str(getattr(model, "patches_uuid", "")))
-    shapes = {k: tuple(v.shape) for k, v in weights.items()}
-    return CoreWeights(shapes, read, int(getattr(dm, "num_heads", 0)) or None, stored, identity)
+    shapes = {k: tuple(int(d) for d in v.shape) for k, v in weights.items()}
+    nbytes = sum(core_nbytes(v) for v in (*weights.values(), *scales.values())) if quantized else None
+    return CoreWeights(shapes, read, int(getattr(dm, "num_heads", 0)) or None, stored, identity, nbytes)
 
 
 # --------------------------------------------------------------------------------------------- folders
@@ -244,8 +250,9 @@ def register_toy_models() -> None:
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".sft", ".bin")
 
 
-def list_model_files(folder: str) -> list[str]:
-    """Weight files in a model folder (never tokenizer or vocab files that may sit beside them)."""
+def list_model_files(folder: str, *, gguf: bool = False) -> list[str]:
+    """Weight files in a model folder (never tokenizer or vocab files that may sit beside them); ``gguf``: also the
+    ``.gguf`` files there, which ComfyUI's own list leaves out (its folders know no ``.gguf`` extension)."""
     fp = folder_paths()
     if fp is None:
         return []
@@ -253,7 +260,17 @@ def list_model_files(folder: str) -> list[str]:
         names = fp.get_filename_list(folder)
     except KeyError:
         return []
-    return [n for n in names if n.lower().endswith(WEIGHT_SUFFIXES)]
+    names = [n for n in names if n.lower().endswith(WEIGHT_SUFFIXES)]
+    return sorted(set(names) | set(_gguf_files(fp, folder))) if gguf else names
+
+
+def _gguf_files(fp, folder: str) -> list[str]:
+    out = []
+    for base in fp.get_folder_paths(folder):
+        for root, _, files in os.walk(base, followlinks=True):
+            out += [os.path.relpath(os.path.join(root, f), base).replace(os.sep, "/") for f in files
+                    if f.lower().endswith(".gguf")]
+    return out
 
 
 def full_model_path(folder: str, name: str) -> str:

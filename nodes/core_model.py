@@ -3,8 +3,9 @@
 Lets users keep their own loaders and LoRA chains: *Load Diffusion Model* → *LoraLoaderModelOnly* → this node. The
 weights, with the MODEL's weight patches applied by ComfyUI itself, are copied one tensor at a time into SDVG's
 causal DiT on the chosen device; the core MODEL keeps its own copy (ComfyUI's, in RAM until something samples with
-it). Not carried over: patches that change the forward instead of the weights (attention overrides, model
-wrappers, hooks, sampling shift), scheduled hook LoRAs, and 'scaled fp8' models.
+it). A GGUF MODEL (ComfyUI-GGUF's loader) keeps its quantized weights and a scaled-fp8 MODEL its fp8 + scale, as
+SDVG's own loader does with those files. Not carried over: patches that change the forward instead of the weights
+(attention overrides, model wrappers, hooks, sampling shift) and scheduled hook LoRAs.
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ class SDVGDiTFromModel(io.ComfyNode):
 
         core = _host.core_wan_weights(model)
         dev = resolve_device(device, what="DiT")
-        nbytes = sum(math.prod(s) for s in core.shapes.values()) * core.stored_dtype.itemsize
+        nbytes = core.quantized_bytes or sum(math.prod(s) for s in core.shapes.values()) * core.stored_dtype.itemsize
 
         def load():
             return dit_from_weights(core.read, core.shapes, heads=core.heads, stored_dtype=core.stored_dtype,
-                                    dtype=weight_dtype, device=dev, name="the core MODEL")
+                                    dtype=weight_dtype, device=dev, name="the core MODEL",
+                                    quantized_bytes=core.quantized_bytes)
 
         managed = _models.load("dit", ("core", *core.identity, weight_dtype, str(dev)), "MODEL", nbytes, dev, load)
         return io.NodeOutput(DiTHandle.of(managed, file="MODEL", dtype=weight_dtype, device=dev, offload=offload))

@@ -18,10 +18,10 @@ def _device_input(tooltip: str) -> io.Combo.Input:
     return io.Combo.Input("device", options=_host.device_options(), default="auto", tooltip=tooltip)
 
 
-def _file_input(folder: str, what: str) -> io.Combo.Input:
+def _file_input(folder: str, what: str, *, gguf: bool = False) -> io.Combo.Input:
     return io.Combo.Input(
         "model_name",
-        options=_host.list_model_files(folder),
+        options=_host.list_model_files(folder, gguf=gguf),
         tooltip=f"The {what} file, from the ComfyUI '{folder}' model folder (or the folders extra_model_paths.yaml maps to it).",
     )
 
@@ -115,12 +115,13 @@ class SDVGModelLoader(io.ComfyNode):
                 "The file is read when a run first needs it (after any SDVG Load LoRA in between)."
             ),
             inputs=[
-                _file_input("diffusion_models", "DiT checkpoint (.safetensors or .pt)"),
+                _file_input("diffusion_models", "DiT checkpoint (.safetensors, .gguf or .pt; GGUF and scaled-fp8 "
+                                                "files stay quantized on the device)", gguf=True),
                 io.Combo.Input(
                     "weight_dtype",
                     options=list(DIT_DTYPES),
                     default="auto",
-                    tooltip="Weight precision. auto = bf16 on GPU, fp32 on CPU. fp8_e4m3fn stores weights in 8 bits and computes in bf16 (about half the memory of bf16).",
+                    tooltip="Weight precision. auto = bf16 on GPU, fp32 on CPU. fp8_e4m3fn stores weights in 8 bits and computes in bf16 (about half the memory of bf16). GGUF and scaled-fp8 files keep their quantized weights whatever this says; it picks their compute dtype.",
                 ),
                 _device_input("Where the DiT runs. auto = cuda:0 when present. The paper keeps both DiTs on cuda:0."),
                 io.Combo.Input(

@@ -20,9 +20,11 @@ class SDVGLoraLoader(io.ComfyNode):
             display_name="SDVG Load LoRA",
             category="SDVG/loaders",
             description=(
-                "Adds a Wan 2.1 LoRA (ComfyUI/kohya, diffusers/PEFT or original-key files, .diff deltas too) to an SDVG "
-                "DiT. Chain several; each adds strength × its delta. The LoRAs are merged into the weights as the DiT "
-                "file is read (full precision, before any fp8 conversion), so no second copy of the model is kept."
+                "Adds a Wan 2.1 LoRA (ComfyUI/kohya, VideoX-Fun, LyCORIS naming, diffusers/PEFT, original-key or "
+                "DiffSynth files, .diff / .diff_m deltas too) to an SDVG DiT. Chain several; each adds strength × its "
+                "delta. The LoRAs are merged into the weights as the DiT file is read (full precision, before any fp8 "
+                "conversion), so no second copy of the model is kept. Keys for parts a text-to-video DiT lacks (an I2V "
+                "LoRA's image layers, text-encoder keys) are skipped with a warning unless strict is on."
             ),
             inputs=[
                 SDVG_DIT.Input("dit", tooltip="An SDVG DiT from SDVG Load Video DiT (or another SDVG Load LoRA)."),
@@ -30,6 +32,9 @@ class SDVGLoraLoader(io.ComfyNode):
                                tooltip="A LoRA file from the ComfyUI 'loras' model folder."),
                 io.Float.Input("strength", default=1.0, min=-10.0, max=10.0, step=0.01,
                                tooltip="How much of the LoRA to add (0 = none: the DiT is returned unchanged)."),
+                io.Boolean.Input("strict", default=False, optional=True,
+                                 tooltip="Refuse a LoRA with I2V or text-encoder keys instead of skipping those keys "
+                                         "with a warning (the rest still applies when off)."),
             ],
             outputs=[SDVG_DIT.Output(display_name="dit", tooltip="The DiT with this LoRA added.")],
         )
@@ -39,7 +44,7 @@ class SDVGLoraLoader(io.ComfyNode):
         return model_file_problem(LORA_FOLDER, lora_name)
 
     @classmethod
-    def execute(cls, dit: DiTHandle, lora_name: str, strength: float) -> io.NodeOutput:
+    def execute(cls, dit: DiTHandle, lora_name: str, strength: float, strict: bool = False) -> io.NodeOutput:
         from ..sdvg import ConfigError
         from ..sdvg.loaders import LoraSpec, inspect_dit_checkpoint, read_lora
         from ..sdvg.models import dit_param_shapes
@@ -54,5 +59,5 @@ class SDVGLoraLoader(io.ComfyNode):
         path = _host.full_model_path(LORA_FOLDER, lora_name)
         # checked against the DiT's shapes now (headers only), so a wrong LoRA fails on this node, not at the run
         config = inspect_dit_checkpoint(dit.lora_base).config
-        read_lora(LoraSpec(path, float(strength)), dit_param_shapes(config), what=dit.file)
+        read_lora(LoraSpec(path, float(strength), strict=bool(strict)), dit_param_shapes(config), what=dit.file)
         return io.NodeOutput(dit.with_lora(path, float(strength)))

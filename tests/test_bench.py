@@ -359,3 +359,15 @@ def test_paper_ratio_profile_sizing_and_rows():
     assert (s.width, s.height, s.blocks) == (32, 32, 9)
     groups = {v.group for v in bench.default_variants("paper-ratio", s.levels)}
     assert groups == {"baseline", "scored", "hybrid"}
+
+
+def test_the_card_plan_with_a_bf16_drafter_and_a_gguf_target(tmp_path, capsys):
+    """The README's 24 GB recipes: --target-dtype fp8_e4m3fn --drafter-dtype bf16, and a Q4_K GGUF target."""
+    assert main(["bench", "--profile", "real-size", "--dry-run", "--card-drafter-dtype", "bf16"]) == 0
+    text = capsys.readouterr().out
+    assert "drafter weights (bf16)                       2.65 GiB" in text
+    assert "--target-dtype fp8_e4m3fn --drafter-dtype bf16 --target-offload-blocks 5 --cache recompute" in text
+    assert main(["bench", "--profile", "real-size", "--dry-run", "--card-drafter-dtype", "bf16", "--card-target",
+                 "Q4_K"]) == 0
+    text = capsys.readouterr().out
+    assert "40 target blocks of 0.184 GiB each" in text and "12 of 40 target blocks resident" in text

@@ -76,7 +76,21 @@ def test_a_load_that_cannot_fit_is_refused_before_reading_and_says_what_would(kr
         load_dit(krea_14b, dtype="bf16", device="cpu")
     message = str(caught.value)
     assert "needs about 28.6 GB on cpu, but only 20.0 GB are free" in message and "was not read" in message
-    assert "As fp8_e4m3fn weights it needs about 14.3 GB" in message
+    assert "As fp8_e4m3fn weights it needs about 14.3 GB (--target-dtype / --drafter-dtype fp8_e4m3fn" in message
+    assert "about 15.2 GB as Q8_0 or 8.0 GB as Q4_K" in message
+    assert "offload" not in message  # on the CPU the streamed blocks would stay in the same RAM
+
+
+def test_the_gpu_advice_names_fp8_gguf_and_offload_with_their_sizes(krea_14b):
+    from sdvg.loaders.wan import inspect_dit_checkpoint
+    from sdvg.models.offload import dit_offload_plan, fit_advice
+
+    info = inspect_dit_checkpoint(krea_14b)
+    _k, _need, block = dit_offload_plan(info.config, info.num_params, 2, None, torch.device("cuda:0"))
+    advice = fit_advice(info, 2, block, torch.device("cuda:0"))
+    assert "--target-dtype / --drafter-dtype fp8_e4m3fn" in advice and "14.3 GB" in advice
+    assert "15.2 GB as Q8_0 or 8.0 GB as Q4_K" in advice
+    assert "keeps only K of its 40 blocks (0.70 GB each) on cuda:0" in advice
 
 
 def test_check_fits_leaves_headroom_and_says_nothing_when_unknown():

@@ -133,13 +133,34 @@ def test_fp8_storage_merges_before_the_fp8_conversion_and_caches_stay_bf16(dits,
     assert kv.layer(0)[0].dtype == torch.bfloat16
 
 
-def test_unknown_keys_are_listed(dits, tmp_path, factors):
+def test_i2v_and_text_encoder_keys_are_skipped_with_a_warning_and_strict_refuses(dits, tmp_path, factors, caplog):
     sd, _ = fl.lora_state_dict(factors, "kohya")
     sd["lora_unet_blocks_0_cross_attn_k_img.lora_down.weight"] = torch.zeros(4, 64)  # an I2V LoRA key
+    sd["lora_unet_blocks_0_cross_attn_k_img.lora_up.weight"] = torch.zeros(64, 4)
     sd["lora_te_text_model_encoder_layers_0.lora_up.weight"] = torch.zeros(64, 4)  # a text-encoder LoRA key
     save_file(sd, str(tmp_path / "i2v.safetensors"))
-    with pytest.raises(ModelFileError, match=r"2 of \d+ LoRA keys match nothing.*lora_te_text_model.*k_img"):
-        wl.load_dit(dits["drafter"], dtype="fp32", loras=[LoraSpec(tmp_path / "i2v.safetensors")])
+    with caplog.at_level("WARNING", logger="sdvg.loaders.lora"):
+        model = wl.load_dit(dits["drafter"], dtype="fp32", loras=[LoraSpec(tmp_path / "i2v.safetensors", 0.8)])
+    warning = caplog.text
+    assert "2 image-to-video (I2V) layers" in warning and "k_img" in warning
+    assert "1 text-encoder keys" in warning and "lora_te_text_model" in warning
+    assert_weights_equal(model, hand_merged(dits["drafter"], [(factors, 0.8)]))  # the T2V part, exactly
+    with pytest.raises(ModelFileError, match=r"I2V.*strict LoRA matching refuses them"):
+        wl.load_dit(dits["drafter"], loras=[LoraSpec(tmp_path / "i2v.safetensors", strict=True)])
+    only_i2v = {k: v for k, v in sd.items() if "k_img" in k}
+    save_file(only_i2v, str(tmp_path / "only_i2v.safetensors"))
+    with pytest.raises(ModelFileError, match="nothing else in it applies to a T2V DiT"):
+        wl.load_dit(dits["drafter"], loras=[LoraSpec(tmp_path / "only_i2v.safetensors")])
+    text = describe_model_file(tmp_path / "i2v.safetensors")
+    assert "2 image-to-video (I2V) layers" in text and "1 text-encoder keys" in text and "merged at load" not in text
+
+
+def test_keys_of_another_model_are_still_an_error_naming_them(dits, tmp_path, factors):
+    sd, _ = fl.lora_state_dict(factors, "kohya")
+    sd["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"] = torch.zeros(4, 64)  # a Flux/HunyuanVideo key
+    save_file(sd, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ModelFileError, match=r"1 of \d+ LoRA keys match nothing.*double_blocks.*width 64"):
+        wl.load_dit(dits["drafter"], dtype="fp32", loras=[LoraSpec(tmp_path / "other.safetensors")])
 
 
 def test_a_lora_for_another_width_is_a_clear_error(dits, tmp_path):
@@ -231,3 +252,46 @@ def test_every_missing_model_file_is_named_at_once(tmp_path, capsys):
     assert code == 2 and "model files are missing or unusable" in err
     # the roles no file was given for come from the toy world's models (and that is said)
     assert all(str(p) in err for p in missing.values()) and "for every role but drafter, target, vae" in err
+
+
+@pytest.mark.parametrize("fmt", fl.MORE_FORMATS)
+def test_the_other_tools_layouts_equal_the_hand_merge_bit_exactly(dits, tmp_path, factors, fmt, caplog):
+    """LyCORIS naming (SimpleTuner / ai-toolkit), VideoX-Fun's lora_unet__, DiffSynth/UniAnimate's pipe.dit. (no
+    alpha: alpha = rank) and a diffusers file with text-encoder keys (skipped with a warning)."""
+    f = {m: (up, down, float(down.shape[0])) for m, (up, down, _a) in factors.items()} if fmt == "diffsynth" \
+        else factors
+    path = fl.write_lora(tmp_path / f"{fmt}.safetensors", f, fmt)
+    with caplog.at_level("WARNING", logger="sdvg.loaders.lora"):
+        model = wl.load_dit(dits["drafter"], dtype="fp32", loras=[LoraSpec(path, 0.7)])
+    assert_weights_equal(model, hand_merged(dits["drafter"], [(f, 0.7)]))
+    assert ("text-encoder keys" in caplog.text) == (fmt == "diffusers-te")
+    layout = {"lycoris": "LyCORIS naming", "videox-fun": "VideoX-Fun", "diffsynth": "DiffSynth/UniAnimate",
+              "diffusers-te": "diffusers/PEFT"}[fmt]
+    text = describe_model_file(path)
+    assert layout in text and "width 64" in text and "2 blocks" in text and "rank 4 (22×)" in text
+    assert ("2 text-encoder keys" in text) == (fmt == "diffusers-te")
+
+
+def test_wanvideowrapper_diff_m_is_the_modulation_delta(dits, tmp_path):
+    gen = torch.Generator().manual_seed(8)
+    diffs = {"blocks.0.scale_shift_table": torch.randn(1, 6, 64, generator=gen) * 0.01,
+             "scale_shift_table": torch.randn(1, 2, 64, generator=gen) * 0.01}
+    path = fl.write_lora(tmp_path / "diff_m.safetensors", {}, "diff_m", diffs=diffs)
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(path))) == {"diffusion_model.blocks.0.diff_m", "diffusion_model.head.diff_m"}
+    model = wl.load_dit(dits["drafter"], dtype="fp32", loras=[LoraSpec(path, 0.5)])
+    assert_weights_equal(model, hand_merged(dits["drafter"], [], [(diffs, 0.5)]))
+
+
+def test_cli_lora_strict_refuses_an_i2v_lora_before_loading(tiny_dir, tmp_path, factors, capsys):
+    from sdvg.cli.commands import main
+
+    sd, _ = fl.lora_state_dict(factors, "original")
+    sd["diffusion_model.blocks.0.cross_attn.k_img.lora_A.weight"] = torch.zeros(4, 64)
+    sd["diffusion_model.blocks.0.cross_attn.k_img.lora_B.weight"] = torch.zeros(64, 4)
+    save_file(sd, str(tmp_path / "i2v.safetensors"))
+    code = main(["generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu", "--blocks", "1",
+                 "--drafter-lora", str(tmp_path / "i2v.safetensors"), "--lora-strict", "--out", str(tmp_path / "v.mp4")])
+    assert code == 2 and "strict LoRA matching refuses them" in capsys.readouterr().err
+    assert not (tmp_path / "v.mp4").exists()

@@ -616,9 +616,22 @@ def test_dit_from_a_core_model_refuses_what_it_cannot_take(tiny_host, tiny_nodes
     i2v.model.diffusion_model.model_type = "i2v"
     with pytest.raises(ConfigError, match="text-to-video"):
         convert(model=i2v, weight_dtype="fp32", device="cpu", offload="keep_loaded")
-    scaled = _fake_core_model({**_tiny_target_original(tiny_root), "scaled_fp8": torch.zeros(1)}, heads=8)
-    with pytest.raises(ConfigError, match="scaled fp8"):
-        convert(model=scaled, weight_dtype="fp32", device="cpu", offload="keep_loaded")
+
+
+def test_dit_from_a_scaled_fp8_core_model_keeps_fp8_and_applies_the_scales(tiny_host, tiny_nodes, tiny_root):
+    """A scaled-fp8 MODEL (fp8 weights, scale_weight entries, the scaled_fp8 marker) converts; its layers stay fp8 +
+    scale and compute weight.float() * scale (tests/test_core_quant.py checks the forward bit for bit)."""
+    convert = tiny_nodes["SDVGDiTFromModel"].execute
+    original = _tiny_target_original(tiny_root)
+    key = "blocks.0.self_attn.q.weight"
+    weights = {**original, "scaled_fp8": torch.zeros(0, dtype=torch.float8_e4m3fn)}
+    weights[key] = (original[key] / 0.25).to(torch.float8_e4m3fn)
+    weights["blocks.0.self_attn.q.scale_weight"] = torch.tensor([0.25])
+    dit = convert(model=_fake_core_model(weights, heads=8), weight_dtype="fp32", device="cpu",
+                  offload="keep_loaded")[0]
+    layer = dit.model.blocks[0].attn1.to_q
+    assert layer.type_name == "fp8_scaled" and layer.weight.dtype == torch.float8_e4m3fn
+    assert torch.equal(layer.dequantized(), weights[key].float() * 0.25)
 
 
 def test_the_readme_names_the_nodes_as_comfyui_shows_them(nodes):
@@ -671,6 +684,24 @@ def test_lora_node_errors_name_the_problem(tiny_host, tiny_nodes, tiny_root):
         tiny_nodes["SDVGLoraLoader"].execute(dit=from_core, lora_name="for_the_drafter.safetensors", strength=1.0)
 
 
+def test_lora_node_skips_i2v_keys_and_strict_refuses_them(tiny_host, tiny_nodes, tiny_root):
+    from safetensors.torch import save_file
+
+    from sdvg.fixtures.loras import lora_factors, lora_state_dict
+    from sdvg.fixtures.tiny import TINY_TARGET_CONFIG
+
+    ModelFileError = pack.submodule("sdvg.errors").ModelFileError
+    sd, _ = lora_state_dict(lora_factors(TINY_TARGET_CONFIG, seed=4), "kohya")
+    sd["lora_unet_blocks_0_cross_attn_k_img.lora_down.weight"] = torch.zeros(4, 512)
+    save_file(sd, str(tiny_root / "loras" / "an_i2v_lora.safetensors"))
+    target = tiny_nodes["SDVGModelLoader"].execute(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32",
+                                                    device="cpu", offload="keep_loaded")[0]
+    add = tiny_nodes["SDVGLoraLoader"].execute
+    assert add(dit=target, lora_name="an_i2v_lora.safetensors", strength=1.0)[0].loras  # the T2V part applies
+    with pytest.raises(ModelFileError, match="strict LoRA matching refuses them"):
+        add(dit=target, lora_name="an_i2v_lora.safetensors", strength=1.0, strict=True)
+
+
 def test_block_offload_on_the_loader_streams_blocks_comfy_does_not_move(tiny_host, tiny_nodes):
     load = tiny_nodes["SDVGModelLoader"].execute
     plain = load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded")[0]
@@ -689,3 +720,17 @@ def test_block_offload_on_the_loader_streams_blocks_comfy_does_not_move(tiny_hos
     with pytest.raises(ConfigError):
         load(model_name="sdvg_tiny_target.safetensors", weight_dtype="fp32", device="cpu", offload="keep_loaded",
              block_offload="sometimes")
+
+
+def test_the_dit_loader_lists_and_loads_a_gguf_file(tiny_host, tiny_nodes, tiny_root):
+    pytest.importorskip("gguf")
+    from sdvg.fixtures.quant_files import write_gguf_dit
+    from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, random_original_state_dict
+
+    write_gguf_dit(tiny_root / "diffusion_models" / "sub" / "target-Q4_K.gguf",
+                   random_original_state_dict(TINY_TARGET_CONFIG, seed=2), qtype="Q4_K", num_heads=8)
+    options = stub.node_info(tiny_nodes["SDVGModelLoader"])["input"]["required"]["model_name"][0]
+    assert "sub/target-Q4_K.gguf" in options and "sdvg_tiny_target.safetensors" in options
+    dit = tiny_nodes["SDVGModelLoader"].execute(model_name="sub/target-Q4_K.gguf", weight_dtype="fp32", device="cpu",
+                                                offload="keep_loaded")[0]
+    assert dit.model.blocks[0].attn1.to_q.type_name == "Q4_K"

@@ -37,19 +37,36 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def card_plan(models, plan: dict, *, card_bytes: int = CARD_BYTES) -> dict[str, Any]:
-    """The fit of the real-size pair on a card of ``card_bytes`` with fp8 weights and target-block offload, for each
-    cache regime of ``plan`` (from :func:`real_size.memory_plan`)."""
-    target, drafter = _fp8_model(models.target), _fp8_model(models.drafter)
-    block = _bytes(target.blocks[0].parameters())
-    layers = len(target.blocks)
-    target_other = _bytes(target.parameters()) - sum(_bytes(b.parameters()) for b in target.blocks)
+def _target_bytes(model, target: str) -> tuple[int, int]:
+    """(bytes of one block, bytes outside the blocks) of the target as ``target``: SDVG's fp8 storage, or a GGUF /
+    scaled-fp8 file's stored form (``loaders.dit_build.stored_form_bytes``)."""
+    if target == "fp8_e4m3fn":
+        twin = _fp8_model(model)
+        block = _bytes(twin.blocks[0].parameters())
+        return block, _bytes(twin.parameters()) - sum(_bytes(b.parameters()) for b in twin.blocks)
+    from ..loaders.dit_build import stored_form_bytes
+    from ..loaders.wan_keys import CONFIG_KEYS, original_key_shapes
+
+    sizes = stored_form_bytes(original_key_shapes({k: model.config[k] for k in CONFIG_KEYS}), target)
+    block = sum(b for k, b in sizes.items() if k.startswith("blocks.0."))
+    return block, sum(sizes.values()) - len(model.blocks) * block
+
+
+def card_plan(models, plan: dict, *, card_bytes: int = CARD_BYTES, drafter_dtype: str = "fp8_e4m3fn",
+              target: str = "fp8_e4m3fn") -> dict[str, Any]:
+    """The fit of the real-size pair on a card of ``card_bytes`` with the target as ``target`` (fp8 storage, or a
+    GGUF type such as Q4_K) with its blocks offloaded and the drafter in ``drafter_dtype`` (fp8_e4m3fn or bf16:
+    ``--drafter-dtype``), for each cache regime of ``plan`` (from :func:`real_size.memory_plan`)."""
+    drafter = _fp8_model(models.drafter) if drafter_dtype == "fp8_e4m3fn" else models.drafter
+    block, target_other = _target_bytes(models.target, target)
+    layers = len(models.target.blocks)
     fixed = {
         "CUDA context and workspaces (allowance)": CUDA_CONTEXT_BYTES,
         "activations (allowance)": ACTIVATION_BYTES,
-        "target non-block weights (fp8 storage)": target_other,
+        f"target non-block weights ({'fp8 storage' if target == 'fp8_e4m3fn' else target})": target_other,
         "target 2 streaming slots": 2 * block,
-        "drafter weights (fp8 storage)": _bytes(drafter.parameters()),
+        f"drafter weights ({'fp8 storage' if drafter_dtype == 'fp8_e4m3fn' else drafter_dtype})":
+            _bytes(drafter.parameters()),
         "VAE weights": plan["models"]["vae"]["bytes"],
         "VAE decoder cache + one snapshot": 2 * plan["vae_cache_bytes"],
         "ImageReward weights (fp32)": plan["models"]["reward"]["bytes"],
@@ -66,10 +83,10 @@ def card_plan(models, plan: dict, *, card_bytes: int = CARD_BYTES) -> dict[str, 
     k = regimes[best]["resident_blocks"] if best else None
     settings = None
     if best:
-        settings = {"dtype": "fp8_e4m3fn", "target_offload_blocks": k, "cache": best, "device": "cuda",
+        settings = {"dtype": "fp8_e4m3fn", "target": target, "drafter_dtype": drafter_dtype, "target_offload_blocks": k, "cache": best, "device": "cuda",
                     "aux_device": "cuda (VAE, ImageReward)", "text_encoder_device": "cpu (bf16, once per prompt)"}
     return {
-        "card_bytes": card_bytes, "size": plan["size"], "block_bytes": block, "layers": layers, "fixed": fixed,
+        "card_bytes": card_bytes, "size": plan["size"], "target": target, "block_bytes": block, "layers": layers, "fixed": fixed,
         "regimes": regimes, "best": best, "settings": settings,
         "cpu_bytes": {"streamed target blocks (pinned)": (layers - k) * block if best else None,
                       "UMT5-XXL text encoder (bf16)": 2 * UMT5_XXL_PARAMS},
@@ -78,8 +95,9 @@ def card_plan(models, plan: dict, *, card_bytes: int = CARD_BYTES) -> dict[str, 
 
 def format_card_plan(cp: dict) -> str:
     card = cp["card_bytes"] / GIB
-    lines = [f"fit on a {card:.0f} GiB card at {cp['size']} (14B target + 1.3B drafter, fp8 weights, target-block "
-             f"offload; {cp['layers']} target blocks of {cp['block_bytes'] / GIB:.3f} GiB in fp8):"]
+    kind = cp.get("target", "fp8_e4m3fn")
+    lines = [f"fit on a {card:.0f} GiB card at {cp['size']} (14B target as {kind} + 1.3B drafter, target-block "
+             f"offload; {cp['layers']} target blocks of {cp['block_bytes'] / GIB:.3f} GiB each):"]
     lines += [f"  {name:42s} {b / GIB:6.2f} GiB" for name, b in cp["fixed"].items()]
     for regime, r in cp["regimes"].items():
         if r["fits"]:
@@ -94,7 +112,13 @@ def format_card_plan(cp: dict) -> str:
             lines.append(f"  CPU RAM: {name} {b / GIB:.1f} GiB")
     s = cp["settings"]
     if s:
-        lines.append(f"  settings: --dtype {s['dtype']} --target-offload-blocks {s['target_offload_blocks']} --cache "
+        if s["target"] != "fp8_e4m3fn":
+            dtypes = f"--target <a {s['target']} GGUF file> --drafter-dtype {s['drafter_dtype']}"
+        elif s["drafter_dtype"] == s["dtype"]:
+            dtypes = f"--dtype {s['dtype']}"
+        else:
+            dtypes = f"--target-dtype {s['dtype']} --drafter-dtype {s['drafter_dtype']}"
+        lines.append(f"  settings: {dtypes} --target-offload-blocks {s['target_offload_blocks']} --cache "
                      f"{s['cache']} --device cuda --text-encoder-device cpu (VAE and ImageReward on the GPU)")
     else:
         lines.append("  no setting fits this card")

@@ -66,6 +66,11 @@ def add_parser(subparsers) -> None:
                    "the memory plan (params, KV bytes, VAE cache bytes); runs nothing")
     p.add_argument("--card-gib", type=float, default=24.0, help="real-size --dry-run: also plan the 14B + 1.3B fit on a "
                    "card of this many GiB with fp8 weights and target-block offload (default 24)")
+    p.add_argument("--card-target", choices=("fp8_e4m3fn", "Q8_0", "Q6_K", "Q5_K", "Q4_K"), default="fp8_e4m3fn",
+                   help="real-size --dry-run: the target in the card plan: SDVG's fp8 storage or a GGUF file of that type")
+    p.add_argument("--card-drafter-dtype", choices=("fp8_e4m3fn", "bf16"), default="fp8_e4m3fn",
+                   help="real-size --dry-run: the drafter's dtype in the card plan (bf16: the 24 GB recipe of the README, "
+                        "--target-dtype fp8_e4m3fn --drafter-dtype bf16)")
     add_compat_args(p, profile_flag="--compat")
     p.set_defaults(func=cmd_bench)
 
@@ -156,7 +161,8 @@ def _dry_run(args, s: BenchSettings) -> int:
     card = check_positive(args.card_gib)
     models = build_real_size_models(torch.device("meta"), RealSizeSpec())
     plan = memory_plan(models, s)
-    plan["card_plan"] = card_plan(models, plan, card_bytes=card)
+    plan["card_plan"] = card_plan(models, plan, card_bytes=card, drafter_dtype=args.card_drafter_dtype,
+                                  target=args.card_target)
     sys.stdout.write(format_plan(plan) + "\n" + format_card_plan(plan["card_plan"]) + "\n")  # CLI output
     variants = select(default_variants("real-size", s.levels), s.only)
     sys.stdout.write(f"rows ({len(variants)}): " + ", ".join(v.name for v in variants) + "\n")  # CLI output

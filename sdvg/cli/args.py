@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import DIT_DTYPES, ConfigError, blocks_for_frames
@@ -56,7 +56,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--aux-device", default=None, help="device for text encoder, VAE and reward (default: --device)")
     g.add_argument("--text-encoder-device", default=None, help="device for the text encoder alone (default: "
                    "--aux-device); cpu keeps UMT5-XXL off a small GPU (bf16 there when the DiTs are on CUDA)")
-    g.add_argument("--dtype", default="auto", choices=DIT_DTYPES, help="DiT weight dtype")
+    g.add_argument("--dtype", default="auto", choices=DIT_DTYPES, help="DiT weight dtype, both DiTs (default auto)")
+    for role in ("target", "drafter"):
+        g.add_argument(f"--{role}-dtype", default=None, choices=DIT_DTYPES,
+                       help=f"the {role} DiT's weight dtype (default: --dtype); e.g. --target-dtype fp8_e4m3fn "
+                            "beside a bf16 drafter on a 24 GB card")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads (default: torch's choice)")
     for role in ("target", "drafter"):
         g.add_argument(f"--{role}-lora", action="append", default=[], metavar="FILE[:STRENGTH]",
@@ -65,6 +69,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{role}-offload-blocks", default=None, metavar="K|auto",
                        help=f"keep K {role} transformer blocks on the GPU and stream the rest from pinned CPU memory "
                             "(auto: as many as fit, leaving 14 GiB for caches and the other models)")
+    g.add_argument("--lora-strict", action="store_true",
+                   help="refuse a LoRA with keys the DiT has no place for (an I2V LoRA's image layers, text-encoder "
+                        "keys) instead of skipping them with a warning")
 
 
 def add_cache_args(g) -> None:
@@ -236,7 +243,9 @@ def dit_options(args) -> tuple[dict[str, list], dict[str, int | str | None]]:
     from ..models import parse_offload
 
     roles = ("target", "drafter")
-    loras = {r: [parse_lora_arg(x) for x in getattr(args, f"{r}_lora", None) or ()] for r in roles}
+    strict = bool(getattr(args, "lora_strict", False))
+    loras = {r: [replace(parse_lora_arg(x), strict=strict) for x in getattr(args, f"{r}_lora", None) or ()]
+             for r in roles}
     offload = {r: parse_offload(getattr(args, f"{r}_offload_blocks", None)) for r in roles}
     return {r: v for r, v in loras.items() if v}, offload
 
@@ -245,7 +254,8 @@ def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
     from ..loaders import load_models
 
     return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
-                       aux_device=args.aux_device or args.device, dtype=args.dtype, loras=source.loras,
+                       aux_device=args.aux_device or args.device, dtype=args.dtype,
+                       dtypes={r: getattr(args, f"{r}_dtype", None) for r in ("target", "drafter")}, loras=source.loras,
                        offload=source.offload, text_device=getattr(args, "text_encoder_device", None),
                        pt_weights=compat_from_args(args).pt_weights)
 

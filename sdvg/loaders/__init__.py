@@ -5,7 +5,7 @@ from ..facade import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "bundle": "SDVGModels find_model_file load_models",
-    "from_weights": "dit_from_weights",
+    "from_weights": "core_nbytes core_weight dit_from_weights split_scales",
     "lora": "LoraSpec parse_lora_arg read_lora",
     "model_info": "describe_model_file",
     "reward": "load_image_reward",

@@ -95,6 +95,7 @@ def load_models(
     dit_device: str = "auto",
     aux_device: str = "auto",
     dtype: str = "auto",
+    dtypes: dict[str, str | None] | None = None,
     loras: dict[str, Sequence[LoraSpec]] | None = None,
     offload: dict[str, int | str | None] | None = None,
     text_device: str | None = None,
@@ -104,7 +105,8 @@ def load_models(
     ``pt_weights`` picks a training ``.pt``'s weights (``compat.Compat.pt_weights``).
 
     Every missing file is reported at once, and every LoRA is checked against its DiT's header before anything
-    loads. ``loras``/``offload``: per DiT role ("target", "drafter"), the LoRAs merged at load and the block offload
+    loads. ``dtypes``: per DiT role ("target", "drafter") its weight dtype where it differs from ``dtype`` (the
+    24 GB set-up: ``dtypes={"target": "fp8_e4m3fn"}`` beside a bf16 drafter). ``loras``/``offload``: per DiT role ("target", "drafter"), the LoRAs merged at load and the block offload
     setting (see ``wan_loading.load_dit``); ``text_device``: the text encoder's own device (default ``aux_device``).
     The text encoder loads first and each DiT is checked against it (and the drafter against the target) right after
     it loads, so a mismatched file is named before the rest is loaded."""
@@ -129,7 +131,8 @@ def load_models(
     dits: dict[str, torch.nn.Module] = {}
     for role in ("target", "drafter"):
         if role in paths:
-            dits[role] = load_dit(paths[role], dtype=dtype, device=dit_dev, loras=prepared.get(role, ()),
+            role_dtype = (dtypes or {}).get(role) or dtype
+            dits[role] = load_dit(paths[role], dtype=role_dtype, device=dit_dev, loras=prepared.get(role, ()),
                                   offload_blocks=(offload or {}).get(role), pt_weights=pt_weights)
             check_text_width(encoder, paths.get("text_encoder"), dits[role], role, paths[role])
     if len(dits) == 2:

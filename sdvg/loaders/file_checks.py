@@ -29,7 +29,7 @@ _MAGIC = (
     (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
     (b"Rar!", "a RAR archive"),
     (b"%PDF", "a PDF document"),
-    (b"GGUF", "a GGUF file (the llama.cpp / ComfyUI-GGUF quantized format, which SDVG does not read)"),
+    (b"GGUF", "a GGUF file (SDVG reads GGUF for the Wan DiTs only, from a file whose name ends in .gguf)"),
 )
 _PICK = "Pick the model file itself (or download it again if this is what the download gave you)."
 _LFS = b"version https://git-lfs"
@@ -80,7 +80,7 @@ def sniff(path: str | Path) -> str | None:
     if head.startswith(_LFS):
         return _lfs_message(head)
     for magic, what in _MAGIC:
-        if head.startswith(magic):
+        if head.startswith(magic) and not (magic == b"GGUF" and path.name.lower().endswith(".gguf")):
             return f"this is {what}, not a checkpoint. {_PICK}"
     if head[4:8] == b"ftyp":
         return f"this is an MP4/MOV video, not a checkpoint. {_PICK}"

@@ -17,6 +17,7 @@ from ..devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_d
 from ..errors import ConfigError, ModelFileError
 from ..memory import GB, check_fits
 from ..models.dit import CausalWanTransformer
+from ..models.quant import PLAIN_GGML, QuantTensor, ScaledFP8
 from .safetensors_io import ReadOnAccess
 from .wan import build_dit_from_state_dict
 from .wan_keys import config_from_shapes, original_to_diffusers_names, size_label
@@ -24,13 +25,58 @@ from .wan_keys import config_from_shapes, original_to_diffusers_names, size_labe
 logger = logging.getLogger(__name__)
 
 
+SCALE_KEYS = (".scale_weight", ".weight_scale")
+MARKER_KEYS = (".scale_input", ".input_scale", ".comfy_quant")
+
+
+def split_scales(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A host's original-keyed weights → (the weights without scale / marker entries, weight key → its fp8 scale)."""
+    kept, scales = {}, {}
+    for k, v in weights.items():
+        if k == "scaled_fp8" or k.endswith(MARKER_KEYS):
+            continue
+        if k.endswith(SCALE_KEYS):
+            scales[k[: k.rfind(".")] + ".weight"] = v
+            continue
+        kept[k] = v
+    return kept, scales
+
+
+def core_weight(value, scale: torch.Tensor | None = None):
+    """One weight a host holds, in the form SDVG keeps it: a ComfyUI-GGUF ``GGMLTensor`` (``tensor_type``,
+    ``tensor_shape``) of a quantized type → :class:`QuantTensor` (its bytes, no copy); a float8 weight with a scale
+    → :class:`ScaledFP8`; a host's quantized-tensor subclass (``QuantizedTensor``) → its ``dequantize()``; anything
+    else as it is."""
+    qtype = getattr(value, "tensor_type", None)
+    if qtype is not None and int(qtype) not in PLAIN_GGML:
+        shape = tuple(int(d) for d in value.tensor_shape)
+        return QuantTensor(value.as_subclass(torch.Tensor).reshape(shape[0] if len(shape) > 1 else 1, -1),
+                           int(qtype), shape)
+    if qtype is not None:
+        return value.as_subclass(torch.Tensor)
+    if scale is not None:
+        return ScaledFP8(value.as_subclass(torch.Tensor), scale.to(torch.float32))
+    if type(value) is not torch.Tensor and type(value).__name__ == "QuantizedTensor":
+        return value.dequantize()
+    return value
+
+
+def core_nbytes(value) -> int:
+    """Bytes a host's weight takes as stored (a GGMLTensor's bytes, not its logical shape's)."""
+    if isinstance(value, torch.Tensor):
+        return value.as_subclass(torch.Tensor).numel() * value.element_size()
+    return 0
+
+
 def dit_from_weights(read: Callable[[str], torch.Tensor], shapes: dict[str, tuple[int, ...]], *,
                      heads: int | None, stored_dtype: torch.dtype, dtype: str | torch.dtype = "auto",
-                     device: str | torch.device = "cpu", name: str = "MODEL") -> CausalWanTransformer:
+                     device: str | torch.device = "cpu", name: str = "MODEL",
+                     quantized_bytes: int | None = None) -> CausalWanTransformer:
     """``CausalWanTransformer`` from original-keyed weights (see the module docstring).
 
     dtype: ``auto`` (the weights' own bf16/fp16 on CUDA, fp32 on CPU), ``bf16``, ``fp16``, ``fp32`` or
-    ``fp8_e4m3fn`` (fp8 storage, bf16 compute)."""
+    ``fp8_e4m3fn`` (fp8 storage, bf16 compute). ``read`` may return stored-form weights (:func:`core_weight`): they
+    stay quantized, and ``quantized_bytes`` (the weights' bytes as stored) is what the fit check counts."""
     dev = resolve_device(device, what="DiT")
     config = config_from_shapes(shapes, "original", heads_hint=heads, name=name)
     if config["in_channels"] != 16 or config["out_channels"] != 16:
@@ -41,13 +87,13 @@ def dit_from_weights(read: Callable[[str], torch.Tensor], shapes: dict[str, tupl
     default = stored_dtype if dev.type == "cuda" and stored_dtype in (torch.bfloat16, torch.float16) else \
         default_compute_dtype(dev)
     chosen = parse_dtype(dtype, default=default)
-    fp8 = chosen == FP8_STORAGE
-    param_dtype = torch.bfloat16 if fp8 else chosen
+    fp8 = chosen == FP8_STORAGE and quantized_bytes is None
+    param_dtype = torch.bfloat16 if chosen == FP8_STORAGE else chosen
     if not isinstance(param_dtype, torch.dtype):
         raise ConfigError(f"Unknown weight dtype {dtype!r}.")
     count = sum(int(torch.Size(s).numel()) for s in shapes.values())
     check_fits(f"{name} ({size_label(config)}, {count / 1e9:.2f} B parameters)",
-               count * (1 if fp8 else param_dtype.itemsize), dev,
+               quantized_bytes or count * (1 if fp8 else param_dtype.itemsize), dev,
                options="" if fp8 else f"As {FP8_STORAGE} weights it needs about {count / GB:.1f} GB.")
     renamed = original_to_diffusers_names(shapes)
     weights = ReadOnAccess({new: old for old, new in renamed.items()}, read, torch.device("cpu"))

@@ -1,15 +1,11 @@
 """Wan 2.1 LoRAs merged into a DiT while it loads: each weight gets its delta on its way to the device, in fp32 and
 before any fp8 conversion, so no second copy of the model is ever held.
 
-Accepted files (``.safetensors``, or torch pickles read with ``weights_only=True``), with the key layouts users have:
-
-* ComfyUI / kohya: ``lora_unet_blocks_0_self_attn_q.lora_down.weight`` / ``.lora_up.weight`` / ``.alpha``;
-* diffusers / PEFT: ``transformer.blocks.0.attn1.to_q.lora_A.weight`` / ``.lora_B.weight`` (alpha from an
-  ``.alpha`` tensor, or from the ``lora_adapter_metadata`` diffusers writes; else alpha = rank);
-* original Wan keys: ``diffusion_model.blocks.0.self_attn.q.lora_A.weight`` (or ``lora_down``/``lora_up``) and
-  ``.alpha``;
-* full deltas in any of these layouts: ``….diff`` (added to the weight) and ``….diff_b`` / ``lora_B.bias`` (added to
-  the bias), as in CausVid / lightx2v distillation LoRAs.
+Accepted files (``.safetensors``, or torch pickles read with ``weights_only=True``) in the key layouts users have:
+kohya / ComfyUI, VideoX-Fun, LyCORIS naming (SimpleTuner, ai-toolkit), diffusers / PEFT, original Wan keys,
+DiffSynth / UniAnimate pipelines, full deltas (``.diff``, ``.diff_b``, WanVideoWrapper's ``.diff_m``) — what each key
+means is ``lora_keys.py``. Keys for parts a T2V DiT lacks (I2V layers, a text encoder) are skipped with a warning
+naming them, or refused with ``LoraSpec(strict=True)``.
 
 Module names are matched through the same original ↔ diffusers name map the DiT loader uses
 (:func:`wan_keys.diffusers_to_original_key`, the inverse of diffusers' own converter), on names only. We do not use
@@ -19,50 +15,45 @@ accounted for.
 
 The merge of one weight ``W`` is ``W.float() + Σ_i strength_i · (alpha_i / rank_i) · (up_i.float() @ down_i.float())``
 (plus ``strength_i · diff_i`` for full deltas), then the loader converts it to the model's dtype. A key that maps to
-nothing in the DiT, a LoRA for another width, and LoRA variants we do not merge (LoCon mid, LoHa, LoKr, DoRA) are
-errors that name a few of the keys.
+nothing in the DiT (and is no I2V / text-encoder key), a LoRA for another width, and LoRA variants we do not merge
+(LoCon mid, LoHa, LoKr, DoRA) are errors that name a few of the keys.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..errors import ConfigError, ModelFileError
+from ..models.quant import is_stored_quant
 from .checkpoint import first_keys, load_checkpoint
 from .file_checks import require_path
-from .wan_keys import diffusers_to_original_key
+from .lora_keys import (
+    FORMATS,
+    KNOWN_WIDTHS,
+    SKIP_REASONS,
+    UNSUPPORTED,
+    format_of,
+    made_for,
+    name_table,
+    scan,
+    skip_reason,
+    split_key,
+)
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["LoraSpec", "LoraFile", "LoraSet", "MergedTensors", "read_lora", "prepare_loras", "parse_lora_arg",
            "describe_lora"]
-
-# key prefixes, longest first (the kohya one has no dot: module names follow with "_" for ".")
-PREFIXES = ("base_model.model.diffusion_model.", "model.diffusion_model.", "base_model.model.", "diffusion_model.",
-            "transformer.", "lora_transformer_", "lora_unet_", "")
-# key suffix → the part it is
-SUFFIXES = (
-    (".lora_A.default.weight", "down"), (".lora_B.default.weight", "up"),
-    (".lora_down.weight", "down"), (".lora_up.weight", "up"),
-    (".lora_A.weight", "down"), (".lora_B.weight", "up"), (".lora_B.bias", "diff_b"),
-    (".alpha", "alpha"), (".diff_b", "diff_b"), (".diff", "diff"),
-)
-UNSUPPORTED = re.compile(r"lora_mid|hada_|lokr_|dora_scale|\.w[12]_[ab]|magnitude_vector")
-FORMATS = {
-    "kohya": "ComfyUI/kohya (lora_unet_…, lora_down/lora_up/alpha)",
-    "diffusers": "diffusers/PEFT (transformer.…, lora_A/lora_B)",
-    "original": "original Wan keys (diffusion_model.…)",
-}
-KNOWN_WIDTHS = {1536: "Wan 2.1 1.3B", 5120: "Wan 2.1 14B"}
-
 
 @dataclass(frozen=True)
 class LoraSpec:
@@ -70,6 +61,7 @@ class LoraSpec:
 
     path: str | os.PathLike
     strength: float = 1.0
+    strict: bool = False  # refuse keys for parts the DiT lacks (I2V, text encoder) instead of skipping them
 
     def __post_init__(self) -> None:
         if isinstance(self.strength, bool) or not isinstance(self.strength, (int, float)) \
@@ -104,6 +96,7 @@ class LoraFile:
     terms: dict[str, list[_Term]]  # parameter name → its additions (scale includes the strength)
     ranks: Counter = field(default_factory=Counter)
     width: int | None = None  # the model width the LoRA was made for (from its attention factors)
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # skip reason (lora_keys.SKIP_REASONS) → keys
 
     @property
     def num_params_touched(self) -> int:
@@ -127,48 +120,6 @@ def parse_lora_arg(text: str) -> LoraSpec:
     require_path(Path(path), f"LoRA file not found: {path}. Put it in models/loras/ or fix the path (FILE or "
                              "FILE:STRENGTH).")
     return LoraSpec(path, strength)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# names
-
-
-def _split_key(key: str) -> tuple[str, str, str] | None:
-    """→ (prefix, module, part) or None when the key is no LoRA key we know."""
-    found = next(((key[: -len(suffix)], part) for suffix, part in SUFFIXES if key.endswith(suffix)), None)
-    if found is None:
-        return None
-    stem, part = found
-    for prefix in PREFIXES:
-        if stem.startswith(prefix):
-            return prefix, stem[len(prefix):], part
-    return None  # pragma: no cover - "" always matches
-
-
-def _name_table(param_shapes: Mapping[str, Sequence[int]]) -> dict[str, str]:
-    """Every spelling of a module or parameter (diffusers, original, both with '_' for '.') → diffusers name
-    (a module's ``.weight`` dropped; a bare parameter such as ``scale_shift_table`` kept whole)."""
-    table: dict[str, str] = {}
-    for key in param_shapes:
-        name = key[: -len(".weight")] if key.endswith(".weight") else key
-        if key.endswith(".bias"):
-            continue
-        original = diffusers_to_original_key(key)
-        original = original[: -len(".weight")] if original.endswith(".weight") else original
-        for spelling in (name, original):
-            table.setdefault(spelling, name)
-            table.setdefault(spelling.replace(".", "_"), name)
-    return table
-
-
-def _format_of(prefixes: Counter, modules: Iterable[str]) -> str:
-    prefix = prefixes.most_common(1)[0][0] if prefixes else ""
-    if prefix.startswith("lora_"):
-        return "kohya"
-    if prefix in ("transformer.", "base_model.model.") or any(".attn1." in m or m.startswith("blocks.") and ".to_q" in m
-                                                            for m in modules):
-        return "diffusers"
-    return "original"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -212,34 +163,50 @@ def read_lora(spec: LoraSpec, param_shapes: Mapping[str, Sequence[int]], *, what
             f"{path}: a LoRA variant SDVG does not merge (LyCORIS LoCon/LoHa/LoKr or DoRA keys: "
             f"{first_keys(unsupported, 3, count=True)}). Use a plain LoRA (lora_down/lora_up or lora_A/lora_B) or full diffs."
         )
-    table = _name_table(param_shapes)
-    groups: dict[str, dict[str, torch.Tensor]] = {}
-    unknown: list[str] = []
-    prefixes: Counter = Counter()
-    for key, tensor in tensors.items():
-        split = _split_key(key)
-        module = table.get(split[1]) if split else None
-        if module is None:
-            unknown.append(key)
-            continue
-        prefixes[split[0]] += 1
-        part = split[2]
-        if part in groups.setdefault(module, {}):
-            raise ModelFileError(f"{path}: two keys give the {part} of {module} (e.g. {key}); the file mixes layouts.")
-        groups[module][part] = tensor
-    if unknown:
-        raise ModelFileError(
-            f"{path}: {len(unknown)} of {len(tensors)} LoRA keys match nothing in {what} (e.g. {first_keys(unknown, 4, count=True)}); "
-            f"the LoRA looks made for a DiT of {_made_for(_scan(tensors))}. "
-            "SDVG merges Wan 2.1 T2V LoRAs in the kohya (lora_unet_…), diffusers (transformer.…) or original "
-            "(diffusion_model.…) layouts; a LoRA for an I2V model, another model family, or a DiT with fewer layers "
-            "does not fit."
-        )
+    groups, prefixes, skipped = _match(path, tensors, param_shapes, what, strict=spec.strict)
     meta_alpha = _metadata_alpha(ck.metadata)
-    out = LoraFile(path, _format_of(prefixes, groups), float(spec.strength), {}, width=_width(groups))
+    out = LoraFile(path, format_of(prefixes, groups), float(spec.strength), {}, width=_width(groups), skipped=skipped)
     for module, parts in groups.items():
         _add_terms(out, module, parts, param_shapes, meta_alpha, what)
     return out
+
+
+def _match(path: Path, tensors: Mapping[str, torch.Tensor], param_shapes: Mapping[str, Sequence[int]], what: str, *,
+           strict: bool) -> tuple[dict[str, dict[str, torch.Tensor]], Counter, dict[str, list[str]]]:
+    """Every key to its DiT parameter → (parameter → parts, prefix counts, skipped keys by reason). Keys for parts a
+    T2V DiT lacks (I2V layers, a text encoder) are skipped with a warning naming them (strict: refused); any other
+    key that matches nothing is an error, and so is a file of which nothing applies."""
+    table = name_table(param_shapes)
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    unknown, skipped, prefixes = [], {}, Counter()
+    for key, tensor in tensors.items():
+        reason = skip_reason(key)
+        split = split_key(key)
+        module = table.get(split[1]) if split and not reason else None
+        if module is None:
+            (skipped.setdefault(reason, []) if reason else unknown).append(key)
+            continue
+        prefixes[split[0]] += 1
+        if split[2] in groups.setdefault(module, {}):
+            raise ModelFileError(f"{path}: two keys give the {split[2]} of {module} (e.g. {key}); the file mixes "
+                                 "layouts.")
+        groups[module][split[2]] = tensor
+    skip_text = "; ".join(f"{len(keys)} {SKIP_REASONS[r]} (e.g. {first_keys(keys, 2)})" for r, keys in skipped.items())
+    if unknown:
+        raise ModelFileError(
+            f"{path}: {len(unknown)} of {len(tensors)} LoRA keys match nothing in {what} (e.g. "
+            f"{first_keys(unknown, 4, count=True)}); the LoRA looks made for a DiT of {made_for(scan(tensors))}"
+            f"{'; besides, ' + skip_text if skip_text else ''}. SDVG merges Wan 2.1 T2V LoRAs in the layouts of "
+            f"{', '.join(FORMATS)}; a LoRA for another model family or a DiT with fewer layers does not fit."
+        )
+    if skipped and (strict or not groups):
+        why = "strict LoRA matching refuses them" if groups else "nothing else in it applies to a T2V DiT"
+        fix = ", or match LoRAs without strict to skip them" if groups else ""
+        raise ModelFileError(f"{path}: {skip_text}: {why}. Use a Wan 2.1 text-to-video LoRA{fix}.")
+    if skipped:
+        logger.warning("LoRA %s: skipped %s; the other %d keys apply to %s", path.name, skip_text,
+                       len(tensors) - sum(map(len, skipped.values())), what)
+    return groups, prefixes, skipped
 
 
 def _width(groups: dict[str, dict[str, torch.Tensor]]) -> int | None:
@@ -352,8 +319,12 @@ class MergedTensors(Mapping):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         tensor = self._base[name]
-        if self._device is not None and self._loras.touches(name):
+        if not self._loras.touches(name):
+            return tensor
+        if self._device is not None:
             tensor = tensor.to(self._device)
+        if is_stored_quant(tensor):  # a GGUF / scaled-fp8 weight a LoRA changes: merged in fp32, kept dense
+            tensor = tensor.dequantize(torch.float32)
         return self._loras.merge(name, tensor)
 
 
@@ -375,45 +346,22 @@ def prepare_loras(loras: Sequence[LoraSpec | LoraFile], param_shapes: Mapping[st
 # inspect
 
 
-def _scan(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """What a LoRA's keys and factor shapes say, without matching them to a model."""
-    prefixes: Counter = Counter()
-    modules: set[str] = set()
-    ranks: Counter = Counter()
-    width, blocks, diffs = None, set(), 0
-    for key, tensor in tensors.items():
-        split = _split_key(key)
-        if split is None:
-            continue
-        prefix, module, part = split
-        prefixes[prefix] += 1
-        modules.add(module)
-        if m := re.match(r"blocks[._](\d+)[._]", module):
-            blocks.add(int(m.group(1)))
-        if part == "down":
-            ranks[int(tensor.shape[0])] += 1
-        diffs += part in ("diff", "diff_b")
-        if width is None and part in ("down", "diff") and re.search(r"(self_attn|attn1)[._](to_)?[qk]$", module):
-            width = int(tensor.flatten(1).shape[1])
-    return {"prefixes": prefixes, "modules": modules, "ranks": ranks, "width": width,
-            "blocks": max(blocks) + 1 if blocks else 0, "diffs": diffs}
-
-
-def _made_for(scan: dict[str, Any]) -> str:
-    width = scan["width"]
-    text = f"width {width} ({KNOWN_WIDTHS.get(width, 'custom')})" if width else "unknown width"
-    return text + (f", {scan['blocks']} blocks" if scan["blocks"] else "")
-
-
 def describe_lora(path: str | os.PathLike) -> str | None:
-    """What a LoRA file is (layout, ranks, the width it was made for), from its keys and factor shapes; None when
-    it is not a LoRA for a Wan DiT."""
+    """What a LoRA file is (layout, ranks, the width and depth it was made for, keys a T2V DiT skips), from its keys
+    and factor shapes; None when it is not a LoRA for a Wan DiT."""
     ck = load_checkpoint(path)
-    scan = _scan(ck.tensors)
-    if not scan["modules"] or not scan["blocks"]:
+    info = scan(ck.tensors)
+    if not (info["modules"] and info["blocks"]) and not info["skipped"].get("i2v"):
         return None
-    fmt = _format_of(scan["prefixes"], scan["modules"])
-    rank_text = ", ".join(f"{r} ({n}×)" for r, n in sorted(scan["ranks"].items())) or "none (full diffs only)"
-    return (f"{path}: a Wan DiT LoRA in the {FORMATS[fmt]} layout for a DiT of {_made_for(scan)}\n"
-            f"  {len(ck.tensors)} tensors on {len(scan['modules'])} modules; rank {rank_text}; {scan['diffs']} full "
-            "diffs; merged at load time (--target-lora / --drafter-lora FILE:STRENGTH)")
+    fmt = format_of(info["prefixes"], info["modules"])
+    rank_text = ", ".join(f"{r} ({n}×)" for r, n in sorted(info["ranks"].items())) or "none (full diffs only)"
+    lines = [f"{path}: a Wan DiT LoRA in the {FORMATS[fmt]} layout for a DiT of {made_for(info)}",
+             f"  {len(ck.tensors)} tensors on {len(info['modules'])} modules; rank {rank_text}; {info['diffs']} full "
+             "diffs"]
+    for reason, keys in info["skipped"].items():
+        lines.append(f"  {len(keys)} {SKIP_REASONS[reason]} (e.g. {first_keys(keys, 2)}): skipped with a warning on "
+                     "a T2V DiT, refused with strict LoRA matching")
+    lines.append("  SDVG merges it into the DiT's weights as the DiT loads (--target-lora / --drafter-lora "
+                 "FILE:STRENGTH, or SDVG Load LoRA)" if info["modules"] else
+                 "  nothing in it applies to a Wan 2.1 T2V DiT")
+    return "\n".join(lines)

@@ -30,16 +30,30 @@ def describe_model_file(path: str | Path) -> str:
     try:
         info = inspect_dit_checkpoint(path)
     except ModelFileError:
-        if path.is_dir():
+        if path.is_dir() or path.name.lower().endswith(".gguf"):  # a GGUF is a DiT here or says what it is
             raise
         return _describe_other(path)
     n = info.num_params
-    return "\n".join([
-        f"{path}: {info.summary()}",
-        f"  {info.num_tensors} tensors, {n / 1e9:.3f} B parameters; the weights need about {_size(2 * n)} in "
-        f"bf16/fp16, {_size(4 * n)} in fp32, {_size(n)} as fp8_e4m3fn",
-        f"  files: {', '.join(info.files)}",
-    ])
+    if info.quantized:
+        memory = _quantized_memory(info)
+    else:
+        memory = (f"  {info.num_tensors} tensors, {n / 1e9:.3f} B parameters; the weights need about {_size(2 * n)} in "
+                  f"bf16/fp16, {_size(4 * n)} in fp32, {_size(n)} as fp8_e4m3fn")
+    return "\n".join([f"{path}: {info.summary()}", memory, f"  files: {', '.join(info.files)}"])
+
+
+def _quantized_memory(info) -> str:
+    """A GGUF / scaled-fp8 DiT: its stored types and what its weights take on the device in either role."""
+    import torch
+
+    n = info.num_params
+    types = ", ".join(f"{k} ({v} tensors)" for k, v in sorted(info.quant.items(), key=lambda kv: -kv[1]))
+    gpu, cpu = info.device_bytes(torch.bfloat16), info.device_bytes(torch.float32)
+    return (f"  {info.num_tensors} tensors, {n / 1e9:.3f} B parameters; stored as {types}, the rest unquantized "
+            f"({_size(info.stored_bytes)} in the file)\n"
+            f"  as the target or drafter the weights stay quantized on the device and each layer is dequantized in "
+            f"its forward: about {_size(gpu)} on a GPU (bf16 compute), {_size(cpu)} on the CPU (fp32 compute); "
+            f"dequantized it would be {_size(2 * n)} in bf16")
 
 
 def _is_lora(path: Path) -> bool:

@@ -149,6 +149,14 @@ class ReadOnAccess(Mapping):
         return tensor if self._device is None else tensor.to(self._device)
 
 
+def read_span(path: str | Path, offset: int, nbytes: int) -> bytearray:
+    """``nbytes`` of ``path`` from ``offset`` with plain reads (never a map of the file); short at the end of a
+    truncated file."""
+    buffer = bytearray(nbytes)
+    got = _read_into(Path(path), offset, buffer)
+    return buffer if got == nbytes else buffer[:got]
+
+
 def _read_into(path: Path, offset: int, buffer: bytearray) -> int:
     """Fill ``buffer`` from ``path`` at ``offset`` with plain reads (portable: Windows has no pread)."""
     view, got = memoryview(buffer), 0

@@ -9,7 +9,9 @@ Accepted inputs (see ``docs`` / README for the table):
   CausVid; ``generator_ema`` preferred), ``{"state_dict"|"model"|"module": sd}`` or a plain state dict; always read
   with ``weights_only=True`` (and ``mmap=True`` when the file allows it);
 * diffusers folders (``config.json`` + ``diffusion_pytorch_model*.safetensors``, sharded index included), also a
-  pipeline root holding ``transformer/``.
+  pipeline root holding ``transformer/``;
+* GGUF files in city96's layout (``gguf_file.py``) and scaled-fp8 safetensors (``scaled_fp8.py``): their quantized
+  weights stay in stored form on the device (``models/quant.py``), dequantized per layer in the forward.
 
 The model is built with its parameters on the meta device and filled with ``load_state_dict(strict=True,
 assign=True)``, so the peak memory stays near one copy of the weights. Every failure is a ``ModelFileError``
@@ -29,22 +31,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..devices import FP8_STORAGE, default_compute_dtype, parse_dtype, resolve_device
 from ..errors import ModelFileError
 from ..models.dit import CausalWanTransformer, dit_param_shapes
 from ..models.offload import DEFAULT_RESERVE_BYTES, check_dit_fits, offload_model
+from ..models.quant import PLAIN_GGML
 from . import checkpoint
-from .checkpoint import describe_keys, looks_like, parameters_on_meta, prefix_before, torch_load, unwrap_state_dict
+from .checkpoint import describe_keys, looks_like, prefix_before, torch_load, unwrap_state_dict
+from .dit_build import (  # noqa: F401 - build_dit_from_state_dict, empty_dit, target_dtypes, to_fp8_storage re-exported
+    build_dit_from_state_dict,
+    empty_dit,
+    stays_stored,
+    target_dtypes,
+    to_fp8_storage,
+)
 from .file_checks import require_path
+from .gguf_file import open_gguf
 from .lora import LoraFile, LoraSpec, MergedTensors, prepare_loras
 from .safetensors_io import LazyTensors, ReadOnAccess, read_safetensors_header
+from .scaled_fp8 import FP8_DTYPES, SCALE_MARKERS, find_scales, stored_nbytes, with_scales
 from .wan_keys import (
     META_NUM_HEADS,
     config_from_diffusers,
     config_from_shapes,
-    diffusers_to_original_key,
     original_to_diffusers_names,
     size_label,
 )
@@ -77,7 +87,6 @@ KNOWN_PREFIXES = (
 # keys of other components that all-in-one checkpoints carry beside the DiT; ignored when the DiT has a prefix
 SIBLING_PREFIXES = ("first_stage_model.", "cond_stage_model.", "conditioner.", "vae.", "text_encoder.", "text_encoders.")
 
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @dataclass
@@ -94,9 +103,25 @@ class DiTCheckpointInfo:
     num_params: int
     dtype: str  # the dtype holding most parameters, e.g. "bfloat16"
     fp8: bool  # some weights are stored as float8
-    scaled_fp8: bool  # Comfy "scaled fp8" (scale_weight keys): refused by load_dit
+    scaled_fp8: bool  # Comfy "scaled fp8" (scale_weight / weight_scale keys): kept as fp8 + scale
     num_tensors: int
     files: list[str] = field(default_factory=list)  # the weight files read (several for sharded folders)
+    quant: dict[str, int] = field(default_factory=dict)  # stored type → tensor count (GGUF types, fp8_scaled)
+    stored_bytes: int = 0  # bytes of the DiT's tensors in the file
+    quant_bytes: int = 0  # bytes of the quantized tensors (with their scales)
+    quant_params: int = 0  # parameters in the quantized tensors
+    fp32_params: int = 0  # parameters of the time embedding (fp32 beside bf16/fp16, as diffusers keeps it)
+
+    def device_bytes(self, dtype: torch.dtype) -> int:
+        """The weights' bytes on the device: the tensors that stay quantized as stored, the rest in ``dtype`` (the
+        time embedding in fp32 beside half precision)."""
+        size = torch.empty((), dtype=dtype).element_size()
+        return self.quant_bytes + (self.num_params - self.quant_params) * size + self.fp32_params * (4 - size)
+
+    @property
+    def quantized(self) -> bool:
+        """GGUF or scaled fp8: weights that stay in stored form on the device (``models/quant.py``)."""
+        return bool(self.quant)
 
     @property
     def dim(self) -> int:
@@ -106,10 +131,15 @@ class DiTCheckpointInfo:
         layers = self.config["num_layers"]
         return (
             f"Wan 2.1 T2V DiT {self.size_label} ({self.num_params / 1e9:.2f}B params, dim {self.dim}, {layers} layers, "
-            f"{self.config['num_attention_heads']} heads, {self.dtype}{', fp8' if self.fp8 else ''}) "
+            f"{self.config['num_attention_heads']} heads, {self._types()}) "
             f"from {self.format} [{self.key_layout} keys, prefix {self.prefix!r}"
             f"{', ' + self.pt_key if self.pt_key else ''}]"
         )
+
+    def _types(self) -> str:
+        if self.quant:
+            return ", ".join(f"{k} ×{n}" for k, n in sorted(self.quant.items(), key=lambda kv: -kv[1]))
+        return self.dtype + (", fp8" if self.fp8 else "")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -128,12 +158,19 @@ class _Source:
     key_file: dict[str, Path] = field(default_factory=dict)  # safetensors: key → shard
     tensors: dict[str, torch.Tensor] | None = None  # pickles: the loaded (mmapped) tensors
     diffusers_config: dict[str, Any] | None = None
+    reader: Any = None  # GGUF: raw key → tensor or QuantTensor
+    quant: dict[str, str] = field(default_factory=dict)  # raw key → stored type (quantized tensors only)
+    scales: dict[str, str] = field(default_factory=dict)  # scaled fp8: raw weight key → raw scale key
+    nbytes: dict[str, int] = field(default_factory=dict)  # raw key → stored bytes (when known)
+    types: dict[str, int] = field(default_factory=dict)  # GGUF: raw key → ggml type number
 
     def tensors_by_name(self, names: dict[str, str], device: torch.device) -> Mapping[str, torch.Tensor]:
         """``{name: raw key}`` → a mapping whose ``[name]`` reads that tensor (safetensors: from its shard with plain
         reads, then onto ``device``; pickles: the mmapped tensor). Nothing is read before it is asked for."""
         if self.tensors is not None:
             return {name: self.tensors[raw] for name, raw in names.items()}
+        if self.reader is not None:
+            return ReadOnAccess(names, self.reader, device)
         shards = {f: LazyTensors(read_safetensors_header(f)) for f in dict.fromkeys(self.key_file.values())}
         return ReadOnAccess(names, lambda raw: shards[self.key_file[raw]][raw], device)
 
@@ -157,12 +194,17 @@ def _open_source(path: str | os.PathLike, pt_weights: str = "ema") -> _Source:
     if p.is_dir():
         return _open_diffusers_dir(_resolve_diffusers_dir(p))
     name = p.name.lower()
+    if name.endswith(".gguf"):
+        g = open_gguf(p)
+        quant = {k: g.type_name(k) for k, t in g.types.items() if t not in PLAIN_GGML}
+        return _Source(p, "gguf", [p], g.shapes, {k: PLAIN_GGML.get(t) for k, t in g.types.items()}, g.metadata,
+                       reader=g.read, quant=quant, nbytes={k: g.stored_bytes(k) for k in g.shapes}, types=g.types)
     if name.endswith(".safetensors"):
         header = read_safetensors_header(p)
         header.require_complete()
         shapes = header.shapes
         return _Source(p, "safetensors", [p], shapes, header.dtypes, dict(header.metadata),
-                       key_file=dict.fromkeys(shapes, p))
+                       key_file=dict.fromkeys(shapes, p), nbytes=stored_nbytes(shapes, header.dtypes))
     if name.endswith(PT_SUFFIXES):
         ck = unwrap_state_dict(torch_load(p), p, pt_weights=pt_weights)
         tensors = ck.tensors
@@ -170,7 +212,8 @@ def _open_source(path: str | os.PathLike, pt_weights: str = "ema") -> _Source:
             p, "pt", [p], {k: tuple(v.shape) for k, v in tensors.items()}, {k: v.dtype for k, v in tensors.items()},
             {f"sdvg.{k}": v for k, v in ck.config.items()}, pt_key=ck.entry, tensors=tensors,
         )
-    raise ModelFileError(f"{p}: unknown file type {p.suffix!r}. Use .safetensors, .pt/.pth/.ckpt or a diffusers folder.")
+    raise ModelFileError(f"{p}: unknown file type {p.suffix!r}. Use .safetensors, .gguf, .pt/.pth/.ckpt or a diffusers "
+                         "folder.")
 
 
 def _open_diffusers_dir(folder: Path) -> _Source:
@@ -238,11 +281,11 @@ def _strip(src: _Source, prefix: str) -> dict[str, str]:
     outside: list[str] = []
     for raw in src.shapes:
         k = raw.replace("_fsdp_wrapped_module.", "")
+        if k == "scaled_fp8" or k.endswith((".scaled_fp8", *SCALE_MARKERS)) and not k.endswith(".comfy_quant"):
+            continue
         if k.startswith(prefix):
             mapping[raw] = k[len(prefix) :]
         elif prefix and k.startswith(SIBLING_PREFIXES):
-            continue
-        elif k == "scaled_fp8" or k.endswith((".scale_input",)):
             continue
         else:
             outside.append(raw)
@@ -253,9 +296,6 @@ def _strip(src: _Source, prefix: str) -> dict[str, str]:
         )
     return mapping
 
-
-def _is_scaled_fp8(keys: list[str]) -> bool:
-    return any(k == "scaled_fp8" or k.endswith(("scale_weight", ".scale_input")) for k in keys)
 
 
 def _infer_config(src: _Source, layout: str, stripped: dict[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -272,7 +312,7 @@ def _infer_config(src: _Source, layout: str, stripped: dict[str, tuple[int, ...]
 
 def _inspect(src: _Source) -> tuple[DiTCheckpointInfo, dict[str, str]]:
     layout, prefix = _detect_layout(src)
-    raw_to_key = _strip(src, prefix)
+    raw_to_key = find_scales(src, _strip(src, prefix))
     stripped = {k: src.shapes[raw] for raw, k in raw_to_key.items()}
     i2v = [k for k in stripped if k.startswith(("img_emb.", "condition_embedder.image_embedder")) or "k_img" in k
            or "add_k_proj" in k]
@@ -288,10 +328,8 @@ def _inspect(src: _Source) -> tuple[DiTCheckpointInfo, dict[str, str]]:
     for raw in raw_to_key:
         n = math.prod(src.shapes[raw])
         dt = src.dtypes.get(raw)
-        if raw.endswith(("scale_weight", "scale_input")):
-            continue
         num_params += n
-        by_dtype[str(dt).replace("torch.", "") if dt is not None else "unknown"] += n
+        by_dtype[src.quant.get(raw) or (str(dt).replace("torch.", "") if dt is not None else "unknown")] += n
         fp8 = fp8 or dt in FP8_DTYPES
     info = DiTCheckpointInfo(
         path=str(src.path),
@@ -304,11 +342,25 @@ def _inspect(src: _Source) -> tuple[DiTCheckpointInfo, dict[str, str]]:
         num_params=num_params,
         dtype=by_dtype.most_common(1)[0][0] if by_dtype else "unknown",
         fp8=fp8,
-        scaled_fp8=_is_scaled_fp8(list(src.shapes)),
+        scaled_fp8=bool(src.scales),
         num_tensors=len(src.shapes),
         files=[str(f) for f in src.files],
+        quant=dict(Counter(src.quant[raw] for raw in raw_to_key if raw in src.quant)),
+        stored_bytes=sum(src.nbytes.get(raw, 0) for raw in src.shapes),
+        **_stays_stored(src, raw_to_key),
     )
     return info, raw_to_key
+
+
+def _stays_stored(src: _Source, raw_to_key: dict[str, str]) -> dict[str, int]:
+    """Bytes and parameters of the quantized tensors that stay in stored form on the device (the builder's rule:
+    2-D Linear weights with a kernel, outside the fp32 time embedding), and the fp32 time embedding's parameters."""
+    kept = [raw for raw in src.quant if raw in raw_to_key and stays_stored(raw_to_key[raw], src.shapes[raw],
+                                                                            src.quant[raw])]
+    return {"quant_bytes": sum(src.nbytes.get(raw, 0) + src.nbytes.get(src.scales.get(raw, ""), 0) for raw in kept),
+            "quant_params": sum(math.prod(src.shapes[raw]) for raw in kept),
+            "fp32_params": sum(math.prod(src.shapes[raw]) for raw, key in raw_to_key.items()
+                               if key.startswith("time_embedding."))}
 
 
 def inspect_dit_checkpoint(path: str | os.PathLike) -> DiTCheckpointInfo:
@@ -324,16 +376,13 @@ def inspect_dit_checkpoint(path: str | os.PathLike) -> DiTCheckpointInfo:
 def _read_converted(
     src: _Source, info: DiTCheckpointInfo, raw_to_key: dict[str, str], device: torch.device
 ) -> Mapping[str, torch.Tensor]:
-    if info.scaled_fp8:
-        raise ModelFileError(
-            f"{src.path}: a 'scaled fp8' checkpoint (it has scale_weight/scaled_fp8 entries). SDVG cannot load these "
-            "DiTs: use a bf16/fp16 file or a plain fp8_e4m3fn file (no '_scaled' in the name) of the same model."
-        )
     if info.key_layout == "original":
         renamed = original_to_diffusers_names(raw_to_key.values())
         names = {renamed[key]: raw for raw, key in raw_to_key.items()}
     else:
         names = {key: raw for raw, key in raw_to_key.items()}
+    if src.scales:
+        return with_scales(src, names, device)
     return src.tensors_by_name(names, device)
 
 
@@ -347,93 +396,12 @@ def read_dit_state_dict(
     return dict(_read_converted(src, info, raw_to_key, torch.device(device))), info
 
 
-def empty_dit(config: dict[str, Any]) -> CausalWanTransformer:
-    """``CausalWanTransformer(**config)`` with its parameters on the meta device, ready for an assigned state dict."""
-    with parameters_on_meta():
-        return CausalWanTransformer(**config)
-
-
-def target_dtypes(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.dtype]:
-    """Per-parameter dtype: ``dtype``, except modules the model class keeps in fp32 (``_keep_in_fp32_modules``,
-    as diffusers does) when loading in half precision."""
-    keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
-    out = {}
-    for name, _ in model.named_parameters():
-        parts = name.split(".")
-        fp32 = dtype in (torch.float16, torch.bfloat16) and any(m in parts for m in keep)
-        out[name] = torch.float32 if fp32 else dtype
-    return out
-
-
-def _check_keys(model: nn.Module, state_dict: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> None:
-    expected = set(model.state_dict())
-    missing = sorted(expected - set(state_dict))
-    unexpected = sorted(set(state_dict) - expected)
-    if not (missing or unexpected):
-        return
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} missing (e.g. {checkpoint.first_keys([diffusers_to_original_key(k) for k in missing], 4)})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected (e.g. {checkpoint.first_keys(unexpected, 4)})")
-    raise ModelFileError(
-        f"{name}: the weights do not match a Wan 2.1 T2V DiT with dim "
-        f"{config['num_attention_heads'] * config['attention_head_dim']} and {config['num_layers']} layers: "
-        f"{'; '.join(parts)}. The file is incomplete or a different model variant."
-    )
-
-
-def to_fp8_storage(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Give a (meta) model the parameter dtypes of fp8 storage: the layers diffusers' layerwise casting handles as
-    float8_e4m3fn (computed in ``dtype``), the rest in ``dtype`` / fp32 as :func:`target_dtypes` says."""
-    for pname, want in target_dtypes(model, dtype).items():  # meta: free
-        mod_name, _, attr = pname.rpartition(".")
-        mod = model.get_submodule(mod_name)
-        setattr(mod, attr, nn.Parameter(getattr(mod, attr).to(want), requires_grad=False))
-    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
-
-
-def build_dit_from_state_dict(
-    state_dict: dict[str, torch.Tensor],
-    config: dict[str, Any],
-    *,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device = "cpu",
-    fp8_storage: bool = False,
-    name: str = "checkpoint",
-) -> CausalWanTransformer:
-    """Build ``CausalWanTransformer(**config)`` with meta parameters and assign the diffusers-keyed ``state_dict``
-    (strict). Tensors that already have the wanted dtype and device are used as they are (no copy); others are
-    converted one at a time. ``fp8_storage``: the layers diffusers' layerwise casting handles are stored as
-    float8_e4m3fn (computed in ``dtype``, bf16 by default), converted tensor by tensor so the peak stays near the
-    fp8 size."""
-    model = empty_dit(config)
-    dev = torch.device(device)
-    _check_keys(model, state_dict, config, name)
-    if fp8_storage:
-        dtype = dtype or torch.bfloat16
-        to_fp8_storage(model, dtype)
-        targets = {k: p.dtype for k, p in model.named_parameters()}
-    else:
-        targets = target_dtypes(model, dtype) if dtype is not None else {}
-    ready = {}
-    for k in list(state_dict):
-        v = state_dict[k]
-        want = targets.get(k, v.dtype) if v.is_floating_point() else v.dtype
-        ready[k] = v.to(dtype=want) if v.device.type == "meta" or dev.type == "meta" else v.to(device=dev, dtype=want)
-    try:
-        model.load_state_dict(ready, strict=True, assign=True)
-    except RuntimeError as exc:
-        raise ModelFileError(f"{name}: the tensor shapes do not match the inferred config ({exc}).") from exc
-    if dev.type != "meta":
-        model.to(dev)
-    model.eval()
-    model.requires_grad_(False)
-    return model
-
-
 def _resolve_dtype(dtype: str | torch.dtype | None, info: DiTCheckpointInfo, device: torch.device):
-    """→ (param/compute dtype, fp8_storage flag)."""
+    """→ (param/compute dtype, fp8_storage flag). A GGUF / scaled-fp8 file keeps its stored form: the dtype is the
+    compute dtype (auto: bf16 on CUDA, fp32 on CPU; fp8_e4m3fn: bf16)."""
+    if info.quantized:
+        chosen = parse_dtype(dtype, default=default_compute_dtype(device))
+        return (torch.bfloat16 if chosen == FP8_STORAGE else chosen), False
     stored = getattr(torch, info.dtype, None)
     if device.type == "cuda" and stored in (torch.bfloat16, torch.float16):
         default = stored
@@ -457,7 +425,9 @@ def load_dit(
 
     dtype: ``auto`` (bf16/fp16 files keep their dtype on CUDA, fp8 files get fp8 storage; fp32 on CPU), ``bf16``,
     ``fp16``, ``fp32``, or ``fp8_e4m3fn`` = fp8 weight storage with bf16 compute (diffusers layerwise casting).
-    Modules listed in the model class's ``_keep_in_fp32_modules`` stay fp32 in bf16/fp16, as in diffusers.
+    Modules listed in the model class's ``_keep_in_fp32_modules`` stay fp32 in bf16/fp16, as in diffusers. A GGUF or
+    scaled-fp8 file keeps its quantized weights whatever ``dtype`` says; ``dtype`` is then the compute dtype (auto:
+    bf16 on CUDA, fp32 on CPU) of the layers and of everything unquantized.
     loras: ``LoraSpec(path, strength)`` items merged into the weights as they are read (fp32, before any dtype or fp8
     conversion; several add up); checked against the DiT before any weight is read.
     offload_blocks: None (every block on ``device``), K (K blocks resident, the rest streamed from pinned CPU memory,
@@ -480,7 +450,7 @@ def load_dit(
     # each tensor is read when the model asks for it (plain reads, never a map of the file), gets its LoRA deltas and
     # is converted on its way to the device, so RAM holds one tensor at a time; straight to the device when nothing
     # needs converting
-    direct = not fp8 and not info.fp8 and info.dtype == str(param_dtype).replace("torch.", "")
+    direct = info.quantized or not fp8 and not info.fp8 and info.dtype == str(param_dtype).replace("torch.", "")
     sd = _read_converted(src, info, raw_to_key, build_dev if direct else torch.device("cpu"))
     if merge:
         sd = MergedTensors(sd, merge, dev)

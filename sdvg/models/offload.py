@@ -83,32 +83,53 @@ def dit_offload_plan(config: dict, num_params: int, element_size: int, spec, dev
     from .dit import dit_param_shapes
 
     shapes = dit_param_shapes(config)
-    block = element_size * sum(math.prod(v) for k, v in shapes.items() if k.startswith("blocks.0."))
+    block = int(element_size * sum(math.prod(v) for k, v in shapes.items() if k.startswith("blocks.0.")))
     layers = int(config["num_layers"])
-    other = num_params * element_size - layers * block
+    other = int(num_params * element_size) - layers * block
     k = resident_blocks(spec, num_blocks=layers, block_bytes=block, other_bytes=other, device=device,
                         reserve_bytes=reserve_bytes)
-    need = num_params * element_size if k is None else other + (k + (SLOTS if k < layers else 0)) * block
+    need = int(num_params * element_size) if k is None else other + (k + (SLOTS if k < layers else 0)) * block
     return k, need, block
+
+
+# bytes per parameter of the GGUF types the advice names (block bytes / block values)
+GGUF_SIZES = (("Q8_0", 34 / 32), ("Q4_K", 144 / 256))
+
+
+def fit_advice(info, bytes_per_param: float, block: int, device: torch.device) -> str:
+    """What would make a DiT that does not fit smaller on ``device``: fp8 storage, a GGUF file, block offload (a GPU
+    only: on the CPU the streamed blocks stay in the same RAM), each with the size it gives."""
+    n, layers, parts = info.num_params, info.config["num_layers"], []
+    if bytes_per_param > 1 and not getattr(info, "quantized", False):
+        parts.append(f"As {FP8_STORAGE} weights it needs about {n / GB:.1f} GB (--target-dtype / --drafter-dtype "
+                     f"{FP8_STORAGE}, --dtype for both, or the loader's weight_dtype).")
+    ggufs = [f"{n * b / GB:.1f} GB as {name}" for name, b in GGUF_SIZES if b < bytes_per_param * 0.95]
+    if ggufs:
+        parts.append(f"A GGUF file of this model stays quantized on the device: about {' or '.join(ggufs)} "
+                     "(Q4_K_M files a little more).")
+    if device.type != "cpu":
+        parts.append(f"Block offload (--target-offload-blocks K, or auto) keeps only K of its {layers} blocks "
+                     f"({block / GB:.2f} GB each) on {device} and streams the rest from pinned CPU RAM.")
+    return " ".join(parts)
 
 
 def check_dit_fits(path, info, dtype: torch.dtype, fp8: bool, device: torch.device,
                 offload=None, reserve: int = DEFAULT_RESERVE_BYTES) -> int | None:
-    """Refuse a DiT load (``info``: its ``DiTCheckpointInfo``) that cannot fit, before reading; → the resident block count when offloading (None: none)."""
-    size = 1 if fp8 else torch.empty((), dtype=dtype).element_size()
+    """Refuse a DiT load (``info``: its ``DiTCheckpointInfo``) that cannot fit, before reading; → the resident block
+    count when offloading (None: none). A GGUF / scaled-fp8 file counts its stored bytes (``info.device_bytes``)."""
+    quantized = getattr(info, "quantized", False)
+    size = (info.device_bytes(dtype) / max(info.num_params, 1) if quantized else
+            1 if fp8 else torch.empty((), dtype=dtype).element_size())
     k, need, block = dit_offload_plan(info.config, info.num_params, size, offload, device, reserve)
     layers = info.config["num_layers"]
-    label = (FP8_STORAGE if fp8 else str(dtype).replace("torch.", "")) + ("" if k is None else
-                                                                        f", {k} of {layers} blocks resident")
-    options = "" if fp8 else (f"As {FP8_STORAGE} weights it needs about {info.num_params / GB:.1f} GB (--dtype "
-                              f"{FP8_STORAGE}, or the loader's weight_dtype).")
-    options += f" Block offload keeps only K of its {layers} blocks ({block / GB:.2f} GB each) on {device}."
+    kind = ", ".join(sorted(info.quant)) if quantized else FP8_STORAGE if fp8 else str(dtype).replace("torch.", "")
+    label = kind + ("" if k is None else f", {k} of {layers} blocks resident")
     check_fits(f"{path} ({info.size_label}, {info.num_params / 1e9:.2f} B parameters as {label})", need, device,
-               options=options.strip())
+               options=fit_advice(info, size, block, device))
     if k is not None and k < layers and device.type != "cpu":
         # an offloaded DiT is built in CPU RAM first (then K blocks move to the device, the rest get pinned)
         check_fits(f"{path} built in CPU RAM for block offload ({layers - k} blocks stay there, pinned)",
-                   info.num_params * size, torch.device("cpu"))
+                   int(info.num_params * size), torch.device("cpu"))
     return k
 
 
@@ -156,10 +177,13 @@ class BlockOffloader:
         if any(True for b in blocks for _ in b.buffers()):
             raise ConfigError("Block offload streams parameters only; these blocks hold buffers.")
         self._params: list[list[nn.Parameter]] = []
+        self._names: list[list[str]] = []
         self._storage: list[list[torch.Tensor]] = []
         for i, blk in enumerate(blocks):
-            params = list(blk.parameters())
+            named = list(blk.named_parameters())
+            params = [p for _, p in named]
             self._params.append(params)
+            self._names.append([n for n, _ in named])
             if i < self.resident:
                 blk.to(self.device)
                 self._storage.append([])
@@ -171,11 +195,13 @@ class BlockOffloader:
                 p.data = t
                 store.append(t)
             self._storage.append(store)
-        streamed = self._storage[self.resident:]
-        layout = {tuple((t.shape, t.dtype) for t in s) for s in streamed}
-        if len(layout) > 1:
-            raise ConfigError("Block offload needs the streamed blocks to share one parameter layout.")
-        self._slots: list[list[torch.Tensor]] | None = None
+        # one byte buffer per parameter name, as large as that parameter is in any streamed block: blocks may differ
+        # in layout (a GGUF Q4_K_M file stores some blocks' layers as Q6_K)
+        self._slot_bytes: dict[str, int] = {}
+        for names, store in zip(self._names[self.resident:], self._storage[self.resident:], strict=True):
+            for name, t in zip(names, store, strict=True):
+                self._slot_bytes[name] = max(self._slot_bytes.get(name, 0), t.numel() * t.element_size())
+        self._slots: list[dict[str, torch.Tensor]] | None = None
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._ready: dict[int, torch.cuda.Event] = {}  # block → its copy has landed
         self._slot_free: list[torch.cuda.Event | None] = [None] * SLOTS  # slot → its last block has been used
@@ -197,7 +223,8 @@ class BlockOffloader:
 
     @property
     def block_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._storage[-1]) if self.streamed else 0
+        """Bytes of one device slot (the largest streamed block's layout, per parameter)."""
+        return sum(self._slot_bytes.values()) if self.streamed else 0
 
     def device_bytes(self) -> int:
         """Bytes of blocks this offloader keeps on the device: resident blocks plus the slots."""
@@ -214,10 +241,13 @@ class BlockOffloader:
         self._slot_free = [None] * SLOTS
 
     def _slot(self, i: int) -> list[torch.Tensor]:
+        """Block ``i``'s parameters as views into its device slot (each its own dtype and shape)."""
         if self._slots is None:
-            first = self._storage[self.resident]
-            self._slots = [[torch.empty_like(t, device=self.device) for t in first] for _ in range(SLOTS)]
-        return self._slots[(i - self.resident) % SLOTS]
+            self._slots = [{name: torch.empty(n, dtype=torch.uint8, device=self.device)
+                            for name, n in self._slot_bytes.items()} for _ in range(SLOTS)]
+        slot = self._slots[(i - self.resident) % SLOTS]
+        return [slot[name][: t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                for name, t in zip(self._names[i], self._storage[i], strict=True)]
 
     def _fetch(self, i: int) -> None:
         """Start copying block ``i`` into its slot (side stream on CUDA, after the slot's last user finished)."""

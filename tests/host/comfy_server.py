@@ -164,7 +164,8 @@ class RunLog:
 
 
 class ComfyServer:
-    def __init__(self, models_dir: Path, *, extra_args: tuple[str, ...] = (), host: tuple[Path, str] | None = None):
+    def __init__(self, models_dir: Path, *, extra_args: tuple[str, ...] = (), host: tuple[Path, str] | None = None,
+                 extra_nodes: tuple[Path, ...] = ()):
         cfg = host or host_config()
         if cfg is None:
             raise RuntimeError(SKIP_REASON)
@@ -173,6 +174,7 @@ class ComfyServer:
         self.tmp = Path(tempfile.mkdtemp(prefix="sdvg-comfy-"))
         self.port = _free_port()
         self.extra_args = extra_args
+        self.extra_nodes = tuple(Path(p) for p in extra_nodes)  # other custom node packs beside ours (ComfyUI-GGUF)
         self.proc: subprocess.Popen | None = None
         self.log_path = self.tmp / "server.log"
 
@@ -184,6 +186,8 @@ class ComfyServer:
         nodes_dir = self.tmp / "custom_nodes"
         nodes_dir.mkdir()
         (nodes_dir / PACK_FOLDER).symlink_to(REPO, target_is_directory=True)
+        for extra in self.extra_nodes:
+            (nodes_dir / extra.name).symlink_to(extra, target_is_directory=True)
         lines = ["sdvg_test:", f"    base_path: {self.models_dir}", f"    custom_nodes: {nodes_dir}"]
         lines += [f"    {name}: {self.models_dir / name}" for name in MODEL_FOLDERS]
         (self.tmp / "extra_model_paths.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -192,7 +196,7 @@ class ComfyServer:
         cmd = [
             self.python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
             "--extra-model-paths-config", str(self.tmp / "extra_model_paths.yaml"), "--disable-api-nodes",
-            "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK_FOLDER,
+            "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK_FOLDER, *(p.name for p in self.extra_nodes),
             "--output-directory", str(self.tmp / "out"), "--temp-directory", str(self.tmp / "temp"),
             "--user-directory", str(self.tmp / "user"), "--database-url", "sqlite:///:memory:", *self.extra_args,
         ]
