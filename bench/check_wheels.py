@@ -60,7 +60,7 @@ def check(folder: Path, image: dict[str, str | None], python: str) -> tuple[list
             return [f"two wheels of {name}: keep one version (two stop the whole install)"], []
         wheels[canonical(name)] = (version, reqs, w.name)
     problems, notes = [], []
-    for name, (version, reqs, fname) in wheels.items():
+    for name, (_version, reqs, fname) in wheels.items():
         if canonical(name) in image:
             notes.append(f"{fname}: {name} is on the image too (ours shadows it on PYTHONPATH)")
         for line in reqs:
