@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_the_step_table_fits_the_machine():
     assert gc.check_plan() == []
     assert gc.BUDGET_TOTAL_S == sum(s.budget_s for s in gc.STEPS) <= gc.LIMIT_S <= 540
+    assert gc.CPU_BUDGET_TOTAL_S == sum(s.cpu_budget_s for s in gc.STEPS) <= gc.LIMIT_S
     assert len(gc.OUT_FILES) <= gc.OUT_MAX_FILES == 8
     assert all("/" not in f for f in gc.OUT_FILES)  # named results sit at the top of $OUT
     for step in gc.STEPS[1:]:  # every step has a GPU and a CPU-smoke command, each writing under {out} or {work}
@@ -34,9 +35,10 @@ def test_the_step_table_fits_the_machine():
 
 
 def test_check_plan_refuses_over_budget_and_too_many_files():
-    big = (*gc.STEPS, gc.Step("extra", 600, ("x",), ("x",), ("a.json", "b.json")))
+    big = (*gc.STEPS, gc.Step("extra", 600, 600, ("x",), ("x",), ("a.json", "b.json")))
     problems = gc.check_plan(big)
-    assert any("budgets add up" in p for p in problems) and any("result files" in p for p in problems)
+    assert any("GPU step budgets add up" in p for p in problems) and any("CPU-smoke" in p for p in problems)
+    assert any("result files" in p for p in problems)
 
 
 def test_out_layout_counts_files_and_depth(tmp_path):
@@ -51,11 +53,11 @@ def test_out_layout_counts_files_and_depth(tmp_path):
 def _steps():
     py = ("-c",)
     return (
-        gc.Step("deps", 30, (), ()),
-        gc.Step("fails", 20, (), (*py, "import sys; print('boom'); sys.exit(3)")),
-        gc.Step("hangs", 2, (), (*py, "import json, time; open('{out}/hang.json','w').write(json.dumps("
+        gc.Step("deps", 30, 30, (), ()),
+        gc.Step("fails", 20, 20, (), (*py, "import sys; print('boom'); sys.exit(3)")),
+        gc.Step("hangs", 2, 2, (), (*py, "import json, time; open('{out}/hang.json','w').write(json.dumps("
                                       "{{'partial': True}})); time.sleep(60)"), ("hang.json",)),
-        gc.Step("works", 20, (), (*py, "open('{out}/ok.json','w').write('{{}}'); open('{out}/stray.tmp','w')"),
+        gc.Step("works", 20, 20, (), (*py, "open('{out}/ok.json','w').write('{{}}'); open('{out}/stray.tmp','w')"),
                 ("ok.json",)),
     )
 

@@ -3,8 +3,9 @@
 The GPU machine gives one command of at most 10 minutes, no network, and sends back at most 8 files under ``$OUT``
 (16 MiB each, at most two folders down). So:
 
-- every step runs as its own process under its own budget (:data:`STEPS`; the budgets add up to
-  :data:`BUDGET_TOTAL_S` ≤ :data:`LIMIT_S` = 540 s), each step is attempted even when an earlier one failed or timed
+- every step runs as its own process under its own budget (:data:`STEPS`; the GPU budgets add up to
+  :data:`BUDGET_TOTAL_S` ≤ :data:`LIMIT_S` = 540 s, and so do the CPU-smoke budgets, which give the tiny CPU
+  correctness checks more time and the real-size steps, tiny there, less), each step is attempted even when an earlier one failed or timed
   out, and a step is never started past the overall deadline;
 - the step scripts rewrite their JSON as they measure (``PYTHONUNBUFFERED=1``, partial JSON), and summary.json and the
   log archive are rewritten after every step, so a killed step or a killed check keeps what was measured;
@@ -43,13 +44,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class Step:
-    """One step: ``gpu`` / ``cpu`` are argv tails after the Python executable, with ``{out}`` and ``{work}``."""
+    """One step: ``gpu`` / ``cpu`` are argv tails after the Python executable, with ``{out}`` and ``{work}``;
+    ``budget_s`` / ``cpu_budget_s`` the seconds it may take on the GPU machine / in the CPU smoke."""
 
     name: str
     budget_s: int
+    cpu_budget_s: int
     gpu: tuple[str, ...]
     cpu: tuple[str, ...]
     outputs: tuple[str, ...] = ()  # files it writes under $OUT
+
+    def budget(self, cpu_smoke: bool) -> int:
+        return self.cpu_budget_s if cpu_smoke else self.budget_s
 
     def argv(self, python: str, cpu_smoke: bool, out: Path, work: Path) -> list[str]:
         tail = self.cpu if cpu_smoke else self.gpu
@@ -59,32 +65,33 @@ class Step:
 _BENCH_ROWS = ("--only", "scored,pipelined", "--json", "{out}/real_size.json", "--plot", "{out}/real_size.png")
 STEPS: tuple[Step, ...] = (
     # diffusers from the carried wheels when the image lacks it (run in-process: see _install_wheels)
-    Step("deps", 30, (), ()),
-    Step("cuda_smoke", 70, ("bench/cuda_smoke.py", "--out", "{out}/cuda_smoke.json"),
+    Step("deps", 30, 45, (), ()),
+    Step("cuda_smoke", 70, 150, ("bench/cuda_smoke.py", "--out", "{out}/cuda_smoke.json"),
          ("bench/cuda_smoke.py", "--device", "cpu", "--out", "{out}/cuda_smoke.json"), ("cuda_smoke.json",)),
     # the 24 GiB card plan's line items (built on the meta device: the same on both)
-    Step("plan", 25, ("-m", "sdvg", "bench", "--profile", "real-size", "--dry-run", "--json", "{work}/plan.json"),
+    Step("plan", 25, 40, ("-m", "sdvg", "bench", "--profile", "real-size", "--dry-run", "--json", "{work}/plan.json"),
          ("-m", "sdvg", "bench", "--profile", "real-size", "--dry-run", "--json", "{work}/plan.json")),
-    Step("real_size", 180, ("-m", "sdvg", "bench", "--profile", "real-size", *_BENCH_ROWS),
+    Step("real_size", 180, 140, ("-m", "sdvg", "bench", "--profile", "real-size", *_BENCH_ROWS),
          ("-m", "sdvg", "bench", "--profile", "tiny", "--blocks", "3", "--repeats", "1", "--warmup", "0",
           "--levels", "0,50,100", *_BENCH_ROWS), ("real_size.json", "real_size.png")),
-    Step("offload", 90, ("bench/offload_lora_check.py", "--real", "--resident", "9", "--out", "{out}/offload.json"),
+    Step("offload", 90, 90, ("bench/offload_lora_check.py", "--real", "--resident", "9", "--out", "{out}/offload.json"),
          ("bench/offload_lora_check.py", "--device", "cpu", "--real", "--real-shape", "tiny", "--resident", "1",
           "--out", "{out}/offload.json"), ("offload.json",)),
-    Step("train", 125, ("bench/train_real_size.py", "--steps", "3", "--out", "{out}/train.json"),
+    Step("train", 125, 75, ("bench/train_real_size.py", "--steps", "3", "--out", "{out}/train.json"),
          ("bench/train_real_size.py", "--shape", "tiny", "--device", "cpu", "--steps", "2",
           "--out", "{out}/train.json"), ("train.json",)),
 )
 BUDGET_TOTAL_S = sum(s.budget_s for s in STEPS)
+CPU_BUDGET_TOTAL_S = sum(s.cpu_budget_s for s in STEPS)
 OUT_FILES = ("summary.json", "logs.tar.gz", *(f for s in STEPS for f in s.outputs))
 
 
 def check_plan(steps: tuple[Step, ...] = STEPS) -> list[str]:
     """Problems with a step table: budgets over the limit, more result files than come back, duplicate names."""
     problems = []
-    total = sum(s.budget_s for s in steps)
-    if total > LIMIT_S:
-        problems.append(f"step budgets add up to {total} s > {LIMIT_S} s")
+    for label, total in (("GPU", sum(s.budget_s for s in steps)), ("CPU-smoke", sum(s.cpu_budget_s for s in steps))):
+        if total > LIMIT_S:
+            problems.append(f"{label} step budgets add up to {total} s > {LIMIT_S} s")
     files = ["summary.json", "logs.tar.gz", *(f for s in steps for f in s.outputs)]
     if len(files) > OUT_MAX_FILES:
         problems.append(f"{len(files)} result files > {OUT_MAX_FILES}")
@@ -114,11 +121,12 @@ class Check:
                         SDVG_CACHE_DIR=os.environ.get("SDVG_CACHE_DIR") or str(work / "sdvg-cache"))
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         if cpu_smoke:
-            self.env.setdefault("OMP_NUM_THREADS", "2")
+            self.env.setdefault("OMP_NUM_THREADS", "1")
         self.summary: dict = {
             "schema": SCHEMA, "mode": "cpu-smoke" if cpu_smoke else "gpu", "finished": False,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "limit_s": LIMIT_S,
-            "budget_total_s": BUDGET_TOTAL_S, "budgets_s": {s.name: s.budget_s for s in STEPS},
+            "budget_total_s": CPU_BUDGET_TOTAL_S if cpu_smoke else BUDGET_TOTAL_S,
+            "budgets_s": {s.name: s.budget(cpu_smoke) for s in STEPS},
             "steps": {}, "env": {}, "figures": {}, "checks_compare": describe_checks(),
         }
 
@@ -161,10 +169,12 @@ class Check:
     def _step(self, step: Step) -> None:
         left = LIMIT_S - self.elapsed() - 5
         if left < 5:
-            self.record(step.name, status="skipped", budget_s=step.budget_s, error="no time left before the deadline")
+            self.record(step.name, status="skipped", budget_s=step.budget(self.cpu_smoke),
+                        error="no time left before the deadline")
             return
-        timeout = min(step.budget_s, left)
-        self.record(step.name, status="running", budget_s=step.budget_s, timeout_s=round(timeout, 1))
+        budget = step.budget(self.cpu_smoke)
+        timeout = min(budget, left)
+        self.record(step.name, status="running", budget_s=budget, timeout_s=round(timeout, 1))
         start = time.monotonic()
         try:
             if step.name == "deps":
