@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 import zipfile
 from pathlib import Path
 
@@ -65,15 +64,13 @@ def _steps():
 def test_every_step_runs_when_one_fails_or_times_out(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     check = gc.Check(out, work, cpu_smoke=True, wheels=None)
-    start = time.monotonic()
     ok = check.run(steps=_steps())
-    assert time.monotonic() - start < 30  # the hung step was killed at its 2 s budget
     assert not ok
     summary = json.loads((out / "summary.json").read_text())
     st = summary["steps"]
     assert st["deps"]["status"] == "ok"  # diffusers imports here
     assert st["fails"]["status"] == "failed" and st["fails"]["rc"] == 3 and "boom" in st["fails"]["error"]
-    assert st["hangs"]["status"] == "timeout" and st["hangs"]["seconds"] < 15
+    assert st["hangs"]["status"] == "timeout" and st["hangs"]["seconds"] < 15  # killed at its 2 s budget, not 60 s
     assert st["works"]["status"] == "ok"
     assert summary["finished"] and summary["checks_compare"]["caveat"]
     # what the killed step wrote stays; the stray temp file went to the work folder; logs are in the archive
