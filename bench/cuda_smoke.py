@@ -1,9 +1,17 @@
-"""CUDA smoke test of the engine on the tiny models (run by bench/gpu_check.sh; needs a GPU).
+"""CUDA smoke test of the engine on the tiny models (run by bench/gpu_check.sh; ``--device cpu``: the same checks on
+the CPU, as ``gpu_check.sh --cpu-smoke`` runs them).
 
-Checks, each recorded in the JSON written to --out:
-1. reject-all (reward router, τ = +inf) is bit-identical to target-only on CUDA (latents and frames), per regime;
-2. pipelined verification (side CUDA stream) gives the same video as plain verification;
+Checks, each recorded in the JSON written to --out (rewritten after every check, so a killed run keeps the ones done):
+1. reject-all (reward router, τ = +inf) is bit-identical to target-only (latents and frames), per regime;
+2. pipelined verification (side CUDA stream; a thread on the CPU) gives the same video as plain verification;
 3. a bf16 forward of both DiTs and a bf16 generation are finite.
+
+What "bit-identical" compares: two runs in one process, on one device, that make the same target calls in the same
+order on tensors of the same shapes (reject-all drafts and scores too, but discards all of it). They are equal bit
+for bit when every kernel is deterministic for a given shape: true of the CPU kernels, and on CUDA of SDPA's forward
+kernels and of cuBLAS once ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set (gpu_check.sh sets it; cuBLAS may otherwise pick
+its split-K/stream workspace differently between calls). A failure reports the max abs difference, so a kernel-choice
+difference (~1e-6) reads apart from a logic error (large).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -37,15 +46,28 @@ def run(models, router, regime="recompute", blocks=4, **kw):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="cuda_smoke.json")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the --cpu-smoke run)")
     args = ap.parse_args()
-    results: dict = {"torch": torch.__version__, "cuda": torch.cuda.is_available(), "checks": {}}
-    if not torch.cuda.is_available():
+    dev = args.device
+    results: dict = {"torch": torch.__version__, "device": dev, "cuda": torch.cuda.is_available(), "checks": {},
+                     "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+    if dev.startswith("cuda") and not torch.cuda.is_available():
         results["error"] = "no CUDA device"
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        save()
         sys.stderr.write("no CUDA device\n")
         return 2
-    results["gpu"] = torch.cuda.get_device_name(0)
-    root, _ = ensure_tiny()
+    results["gpu"] = torch.cuda.get_device_name(0) if dev.startswith("cuda") else None
+    save()
+    start = time.perf_counter()
+    root, created = ensure_tiny()
+    results["tiny_preset_s"] = time.perf_counter() - start
+    sys.stderr.write(f"tiny preset {'built' if created else 'cached'} in {results['tiny_preset_s']:.1f} s\n")
     ok = True
 
     def check(name, fn):
@@ -59,9 +81,10 @@ def main() -> int:
         results["checks"][name] = {"passed": passed, "seconds": time.perf_counter() - start,
                                    **(value if isinstance(value, dict) else {})}
         ok = ok and passed
+        save()
         sys.stderr.write(f"{'PASS' if passed else 'FAIL'} {name}\n")
 
-    fp32 = load_models(root, dit_device="cuda", aux_device="cuda", dtype="fp32")
+    fp32 = load_models(root, dit_device=dev, aux_device=dev, dtype="fp32")
 
     def reject_all_equals_target_only(regime):
         def fn():
@@ -82,7 +105,7 @@ def main() -> int:
                 "decisions": [r.decision for r in a.blocks]}
 
     check("pipelined_equals_plain", pipelined_equals_plain)
-    bf16 = load_models(root, dit_device="cuda", aux_device="cuda", dtype="bf16")
+    bf16 = load_models(root, dit_device=dev, aux_device=dev, dtype="bf16")
 
     def bf16_finite():
         res = run(bf16, RouterConfig(mode="reward", tau=0.0), blocks=3)
@@ -96,8 +119,7 @@ def main() -> int:
 
     check("bf16_generation_finite", bf16_finite)
     results["passed"] = ok
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    save()
     sys.stderr.write(f"wrote {args.out}: {'all passed' if ok else 'FAILURES'}\n")
     return 0 if ok else 1
 

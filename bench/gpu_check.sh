@@ -1,49 +1,31 @@
 #!/usr/bin/env bash
-# One-shot GPU check (< ~10 minutes on one H200-class GPU):
-#   1. CUDA smoke test of the engine on the tiny models (bench/cuda_smoke.py): reject-all == target-only bit-exact
-#      per cache regime, pipelined == plain, bf16 generation finite;
-#   2. the real-size speed benchmark: random weights at the real 1.3B / 14B / VAE / ImageReward shapes, 832x480,
-#      bf16, 5 blocks (`python -m sdvg bench --profile real-size`);
-#   3. block offload and LoRA merging on the GPU (bench/offload_lora_check.py): tiny offload bit-identical with the
-#      side-stream prefetch, LoRA merge on the GPU == on the CPU, and a random 14B in fp8 at 832x480 with 9 of 40
-#      blocks resident (the 24 GiB plan) vs all resident: bit-identical, seconds per forward, peak memory;
-#   4. Diagonal Distillation training at the real 1.3B shapes with random weights (bench/train_real_size.py): a few
-#      DMD steps (student, teacher, fake score, 832x480, 21 latent frames, bf16 autocast, gradient checkpointing):
-#      seconds per iteration and peak memory beside the FSDP plan's one-GPU estimate;
-#   5. GGUF and scaled-fp8 DiTs on the GPU (bench/quant_check.py): the torch dequant kernels on CUDA == gguf's numpy
-#      reference, the tiny GGUF target == its dequantized twin bit for bit (also offloaded, side-stream prefetch),
-#      scaled fp8 offloaded == resident, and forward times of the three.
-# Results go to $OUT (default out/gpu_check): cuda_smoke.json, real_size.json, real_size.png, offload_lora.json,
-# train_real_size.json, quant_check.json, logs, summary.txt.
+# One-shot GPU check, fitted to the GPU machine it will meet: one command of at most 10 minutes, no network, and at
+# most 8 files back from $OUT (16 MiB each, at most two folders down).
+#
+#   bash bench/gpu_prepare.sh                  # HERE first (network): the wheels the GPU image lacks, into .whl/
+#   bash bench/gpu_check.sh                    # THERE (carry ".whl"): the check, <= 540 s
+#   bash bench/gpu_check.sh --cpu-smoke        # anywhere: the same steps at tiny shapes on the CPU (a few minutes)
+#
+# Steps (sdvg/bench/gpu_check.py: STEPS, each with its own budget; the budgets add up to <= 540 s; every step is tried
+# even if one fails; each writes its figures as it goes):
+#   deps        diffusers and gguf from .whl/ (pip install --no-index --no-deps --target) when `import diffusers, gguf` fails
+#   cuda_smoke  tiny models: reject-all == target-only bit-exact per cache regime, pipelined == plain, bf16 finite
+#   plan        the 24 GiB card plan's line items (meta device)
+#   real_size   random weights at the real 1.3B / 14B / VAE / ImageReward shapes, 832x480, bf16: per-call times,
+#               speedup at forced acceptance vs the cost-model bound, pipelined vs plain, peak VRAM per row
+#   offload     block offload (tiny, bit-exact) and a random 14B in fp8 at 832x480, 9 of 40 blocks resident vs all
+#   train       Diagonal Distillation steps at the real 1.3B shapes: s/iter and peak memory vs the FSDP plan
+#   quant       GGUF / scaled-fp8 DiTs: dequant kernels on the device vs gguf's numpy, quantized vs dequantized twin
+# $OUT (default out/gpu_check): summary.json (every figure, each step's status and error), logs.tar.gz (step logs and
+# the plan), cuda_smoke.json, real_size.json, real_size.png, offload.json, train.json, quant.json. Caches and logs live outside
+# $OUT (SDVG_GPU_WORK, default a new folder under /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/gpu_check}"
-mkdir -p "$OUT"
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)"
-export SDVG_CACHE_DIR="${SDVG_CACHE_DIR:-$OUT/.sdvg-cache}"
-start=$(date +%s)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/env.txt" 2>&1 || true
-
-timeout 180 "$PY" bench/cuda_smoke.py --out "$OUT/cuda_smoke.json" 2>&1 | tee "$OUT/cuda_smoke.log"
-smoke=${PIPESTATUS[0]}
-
-timeout 330 "$PY" -m sdvg bench --profile real-size --json "$OUT/real_size.json" --plot "$OUT/real_size.png" \
-    2>&1 | tee "$OUT/real_size.log"
-real=${PIPESTATUS[0]}
-
-timeout 150 "$PY" bench/offload_lora_check.py --real --resident 9 --out "$OUT/offload_lora.json" \
-    2>&1 | tee "$OUT/offload_lora.log"
-offload=${PIPESTATUS[0]}
-
-timeout 240 "$PY" bench/train_real_size.py --out "$OUT/train_real_size.json" 2>&1 | tee "$OUT/train_real_size.log"
-train=${PIPESTATUS[0]}
-
-timeout 120 "$PY" bench/quant_check.py --device cuda --dtype bf16 --out "$OUT/quant_check.json" \
-    2>&1 | tee "$OUT/quant_check.log"
-quant=${PIPESTATUS[0]}
-
-echo "cuda_smoke rc=$smoke real_size rc=$real offload_lora rc=$offload train_real_size rc=$train quant rc=$quant" \
-    "elapsed $(( $(date +%s) - start ))s" | tee "$OUT/summary.txt"
-[ "$smoke" -eq 0 ] && [ "$real" -eq 0 ] && [ "$offload" -eq 0 ] && [ "$train" -eq 0 ] && [ "$quant" -eq 0 ]
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+WORK="${SDVG_GPU_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/sdvg-gpu-check-XXXXXX")}"
+# the outer guard: the check keeps its own 540 s deadline; this only stops a hung interpreter before the 600 s cap
+exec timeout -k 5 580 "$PY" -m sdvg.bench.gpu_check --out "$OUT" --work "$WORK" --wheels .whl "$@"

@@ -7,7 +7,9 @@ Checks, each recorded in the JSON written to --out:
 3. with --real: a random 14B (fp8 storage) at 832x480, one 3-frame block against 3 cached frames, all blocks resident
    vs K resident (default 9, the 24 GiB plan): bit-identical output, seconds per forward and peak allocated memory.
 
-``--device cpu`` runs the same code on the CPU (plain copies instead of the side stream), as a dry check.
+``--device cpu`` runs the same code on the CPU (plain copies instead of the side stream), as a dry check; with
+``--real-shape tiny`` check 3 runs the tiny target (8x8 latents) instead of the 14B, as ``gpu_check.sh --cpu-smoke``
+does. The JSON is rewritten after every check, so a killed run keeps the ones done.
 """
 
 from __future__ import annotations
@@ -76,12 +78,14 @@ def tiny_checks(device: torch.device, folder: Path) -> dict:
     return res
 
 
-def real_check(device: torch.device, resident: int, latent_hw: tuple[int, int] = (60, 104)) -> dict:
-    """The random 14B (fp8 storage) at ``latent_hw`` (default 480x832), resident vs ``resident`` blocks."""
+def real_check(device: torch.device, resident: int, shape: str = "real") -> dict:
+    """The random 14B (fp8 storage) at 480x832 (``shape="tiny"``: the tiny target at 8x8 latents), resident vs
+    ``resident`` blocks."""
     from sdvg.fixtures.random_models import random_dit
     from sdvg.loaders.wan_keys import config_for_size
 
-    model = random_dit(config_for_size("14B"), device, torch.bfloat16, seed=2)
+    config, latent_hw = (config_for_size("14B"), (60, 104)) if shape == "real" else (TINY_TARGET_CONFIG, (8, 8))
+    model = random_dit(config, device, torch.bfloat16, seed=2)
     to_fp8_storage(model)
     forward(model, device, latent_hw)  # warm-up
     if device.type == "cuda":
@@ -97,7 +101,7 @@ def real_check(device: torch.device, resident: int, latent_hw: tuple[int, int] =
         torch.cuda.reset_peak_memory_stats(device)
     b, off_s = forward(model, device, latent_hw)
     peak_off = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return {"resident": resident, "bit_identical": bool(torch.equal(a, b)), "plain_s": plain_s, "offload_s": off_s,
+    return {"shape": shape, "blocks": len(model.blocks), "resident": resident, "bit_identical": bool(torch.equal(a, b)), "plain_s": plain_s, "offload_s": off_s,
             "peak_plain_gib": peak_plain / GIB if peak_plain else None,
             "peak_offload_gib": peak_off / GIB if peak_off else None, "ok": bool(torch.equal(a, b))}
 
@@ -108,13 +112,14 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--real", action="store_true", help="also the random 14B at 832x480 (about 30 GB of GPU memory)")
     ap.add_argument("--resident", type=int, default=9)
+    ap.add_argument("--real-shape", choices=["real", "tiny"], default="real", help="tiny: check 3 on the tiny target")
     args = ap.parse_args()
     device = torch.device(args.device)
     report: dict = {"device": str(device), "torch": torch.__version__}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in (("tiny", lambda: tiny_checks(device, Path(tmp))),
-                         ("real_14b", (lambda: real_check(device, args.resident)) if args.real else None)):
+                         ("real_14b", (lambda: real_check(device, args.resident, args.real_shape)) if args.real else None)):
             if fn is None:
                 continue
             try:
@@ -122,8 +127,9 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001 - record the failure and go on with the other checks
                 report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
             ok = ok and report[name]["ok"]
+            report["passed"] = ok
+            Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
             sys.stdout.write(f"{name}: {json.dumps(report[name], default=str)}\n")
-    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
     return 0 if ok else 1
 
 

@@ -193,7 +193,7 @@ def test_train_smoke_losses_fall_resume_and_the_student_loads_in_the_sampler(tmp
 def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_path):
     """torchrun --nproc_per_node 2 (DDP, gloo) = one process, same seed and global batch: same losses and weights
     within float rounding (measured max |Δw| 1.3e-6 after 3 steps of a 2e-4 learning rate)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
     (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 8}))
     args = ["-m", "sdvg", "train", "diagonal", "--config", str(tmp_path / "c.json"), "--max-steps", "3", "--batch",
             "4", "--threads", "1"]
@@ -215,7 +215,7 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
 def test_real_size_training_check_runs_its_path_at_tiny_shapes(tmp_path):
     """bench/train_real_size.py (the GPU check's training step) on the CPU at tiny shapes: the same code path."""
     out = tmp_path / "t.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
     subprocess.run([sys.executable, "bench/train_real_size.py", "--shape", "tiny", "--device", "cpu", "--steps", "1",
                     "--out", str(out)], check=True, env=env, capture_output=True, timeout=300)
     res = json.loads(out.read_text())

@@ -127,6 +127,23 @@ def _write_json(data: dict, path: str) -> None:
     _log(f"wrote {write_atomic(path, lambda tmp: tmp.write_text(text, encoding='utf-8'))}")
 
 
+def _partial_writer(path: str | None, head: dict):
+    """A ``run_bench`` progress callback that rewrites ``path`` with every timed run so far (``"partial": true``), so
+    a bench killed mid-way keeps what it measured; the finished report replaces it."""
+    if not path:
+        return None
+    done: dict[str, list[dict]] = {}
+
+    def progress(name: str, m, cuda_peaks) -> None:
+        done.setdefault(name, []).append({"wall_s": m.wall, "busy_s": m.busy, "segments_s": m.segments,
+                                          "call_s": m.call_seconds, "calls": m.counts, "decisions": m.decisions,
+                                          "cuda_peak_bytes": max(cuda_peaks) if cuda_peaks else None})
+        text = json.dumps(to_jsonable({**head, "partial": True, "runs_done": done}), default=_json_default)
+        write_atomic(path, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
+
+    return progress
+
+
 def _json_default(obj):
     if isinstance(obj, torch.dtype):
         return str(obj).replace("torch.", "")
@@ -150,7 +167,8 @@ def _cmd_tiny(args, s: BenchSettings) -> int:
     embeds = models.text_encoder.encode(s.prompt)
     _log(f"bench: {s.profile} profile on {device}, {s.blocks} blocks at {s.width}x{s.height}, {s.warmup} warm-up + "
          f"{s.repeats} timed run(s) per row, {s.threads} thread(s)")
-    _emit(run_bench(models, s, device=device, embeds=embeds, log=_log), args)
+    progress = _partial_writer(args.json, {"schema": SCHEMA, "settings": asdict(s)})
+    _emit(run_bench(models, s, device=device, embeds=embeds, log=_log, progress=progress), args)
     return 0
 
 
@@ -198,7 +216,8 @@ def _cmd_real_size(args, s: BenchSettings) -> int:
     run_once(models, Variant("warm-up", "scored", 0.0), warm, embeds, (False,), device)
     _log(f"warm-up done ({time.perf_counter() - t0:.1f}s since start)")
     extra = {"real_size": {"memory_plan": plan, "build_s": build_s, "approximations": REAL_SIZE_NOTES}}
+    progress = _partial_writer(args.json, {"schema": SCHEMA, "settings": asdict(s), **extra})
     report = run_bench(models, s, device=device, embeds=embeds, variants=default_variants("real-size", s.levels),
-                       log=_log, extra=extra)
+                       log=_log, extra=extra, progress=progress)
     _emit(report, args)
     return 0

@@ -147,9 +147,11 @@ class _OnceFilter(logging.Filter):
 class _Passes:
     """What the passes of one bench measured, row by row."""
 
-    def __init__(self, models, s: BenchSettings, variants: list[Variant], base: Variant, device, embeds, log):
+    def __init__(self, models, s: BenchSettings, variants: list[Variant], base: Variant, device, embeds, log,
+                 progress=None):
         self.models, self.s, self.variants, self.base, self.device, self.embeds, self.log = (
             models, s, variants, base, device, embeds, log)
+        self.progress = progress
         n_drafted = s.blocks - 1
         self.patterns = {v.level: level_pattern(n_drafted, v.level, s.seed) for v in variants if v.level is not None}
         self.measured: dict[str, list[RunMeasure]] = {v.name: [] for v in variants}
@@ -200,6 +202,8 @@ class _Passes:
                 self.last[name] = result
                 if self.log:
                     self.log(f"  [{rep + 1}/{self.s.repeats}] {name:26s} wall {m.wall:.3f}s")
+                if self.progress:
+                    self.progress(name, m, self.cuda_peaks.get(name))
             if len(g) > 1:
                 for name in got:
                     if name != self.base.name:
@@ -208,7 +212,8 @@ class _Passes:
 
 def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.Tensor,
               variants: list[Variant] | None = None, log: Callable[[str], None] | None = None,
-              extra: dict | None = None) -> dict:
+              extra: dict | None = None, progress: Callable[[str, RunMeasure, list[int] | None], None] | None = None,
+              ) -> dict:
     """Run every variant in one process and return the JSON-able report (see the module docstring).
 
     Warm-up passes run every row on its own; they also give each row's peak memory, measured without other runs
@@ -216,6 +221,7 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
     hit all rows alike. With ``interleave = k > 0`` each group of k rows runs *together with its own target-only
     run*, one block of each in turn, and a row's speedup compares it with those baseline runs block by block.
     ``interleave = 0`` runs every run on its own (the real-size default: more live 14B KV caches need not fit).
+    ``progress(name, measure, cuda_peaks)`` is called after every timed run (the CLI writes a partial report with it).
     """
     variants = select(variants if variants is not None else default_variants(s.profile, s.levels), s.only)
     base = next((v for v in variants if is_baseline(v)), None)
@@ -226,7 +232,7 @@ def run_bench(models, s: BenchSettings, *, device: torch.device, embeds: torch.T
         raise ConfigError("The bench needs at least 2 blocks (block 0 is always the target's).")
     if s.groups_of < 0:
         raise ConfigError("interleave must be ≥ 0 (0: no interleaving).")
-    passes = _Passes(models, s, variants, base, device, embeds, log)
+    passes = _Passes(models, s, variants, base, device, embeds, log, progress)
     from ..sampling import sampler as sampler_module
 
     sampler_log = logging.getLogger(sampler_module.__name__)

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from ..errors import ModelFileError
-from ..models.dit import CausalWanTransformer
 from .checkpoint import describe_keys
 
 logger = logging.getLogger(__name__)
@@ -158,6 +157,8 @@ def size_label(cfg: dict[str, Any]) -> str:
 def original_key_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     """Exact original-format key → shape of a DiT with ``config``, derived from the diffusers module tree on the
     meta device and our reverse rename map (no memory is used)."""
+    from ..models.dit import CausalWanTransformer  # diffusers: only when shapes are asked for
+
     with torch.device("meta"):
         model = CausalWanTransformer(**config)
     return {diffusers_to_original_key(k): list(v.shape) for k, v in model.state_dict().items()}

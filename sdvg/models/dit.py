@@ -17,6 +17,7 @@ import torch.utils.checkpoint
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
 from ..errors import ConfigError
+from .block_attention import block_causal_attention, context_attention, sdpa
 from .kv_cache import CrossAttnCache, SelfKVCache
 
 logger = logging.getLogger(__name__)
@@ -168,11 +169,7 @@ class CausalWanTransformer(WanTransformer3DModel):
         out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
         return out.to(x.dtype)
 
-    @staticmethod
-    def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """SDPA on ``[B, L, H, D]`` tensors."""
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-        return out.transpose(1, 2)
+    _sdpa = staticmethod(sdpa)
 
     # ------------------------------------------------------------------ conditioning
     @torch.inference_mode()
@@ -350,57 +347,39 @@ class CausalWanTransformer(WanTransformer3DModel):
                               "Use window-relative positions (noisy regime, positions='window') or the recompute "
                               "regime for long videos.")
 
-    @staticmethod
-    def block_causal_mask(num_frames: int, tokens_per_frame: int, frames_per_block: int, device=None) -> torch.Tensor:
-        """Boolean ``[L, L]`` mask: a token sees every token of its own and earlier blocks."""
-        blk = torch.arange(num_frames, device=device).div(frames_per_block, rounding_mode="floor")
-        blk = blk.repeat_interleave(tokens_per_frame)
-        return blk.unsqueeze(1) >= blk.unsqueeze(0)
-
     def forward_train(self, x: torch.Tensor, t: torch.Tensor, cross: CrossAttnCache,
                       frames_per_block: int = 3) -> torch.Tensor:
-        """Flow prediction over a whole clip ``x [B,C,F,h,w]`` with a block-causal mask, with autograd (training).
+        """Flow prediction over a whole clip ``x [B,C,F,h,w]``, block-causal, with autograd (training).
 
         Every frame attends to its own and earlier blocks: exactly what the cached block-by-block forward computes
-        when the earlier blocks were cached at the timesteps given for them in ``t``."""
+        when the earlier blocks were cached at the timesteps given for them in ``t``. One attention call per block
+        over the keys it sees (:func:`~sdvg.models.block_attention.block_causal_attention`): no ``[L, L]`` mask."""
         f, hh, ww = x.shape[2:]
-        mask = self.block_causal_mask(f, self.tokens_per_frame(hh, ww), frames_per_block, device=self.execution_device)
+        block_tokens = frames_per_block * self.tokens_per_frame(hh, ww)
 
         def attend(i, q, k, v):
-            return self._sdpa(q, k, v, mask)
+            return block_causal_attention(q, k, v, block_tokens)
 
         return self._run(x, t, cross, 0, attend)
-
-    @staticmethod
-    def context_mask(num_frames: int, tokens_per_frame: int, frames_per_block: int, device=None) -> torch.Tensor:
-        """Boolean ``[2L, 2L]`` mask over ``[context, x]`` (each ``L`` tokens): a context block sees the context
-        blocks up to itself; a block of ``x`` sees the context blocks before it and itself, nothing else."""
-        blk = torch.arange(num_frames, device=device).div(frames_per_block, rounding_mode="floor")
-        blk = blk.repeat_interleave(tokens_per_frame)
-        ctx_ctx = blk.unsqueeze(1) >= blk.unsqueeze(0)
-        x_ctx = blk.unsqueeze(1) > blk.unsqueeze(0)
-        x_x = blk.unsqueeze(1) == blk.unsqueeze(0)
-        top = torch.cat([ctx_ctx, torch.zeros_like(ctx_ctx)], 1)
-        return torch.cat([top, torch.cat([x_ctx, x_x], 1)], 0)
 
     def forward_with_context(self, ctx: torch.Tensor, t_ctx: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
                              cross: CrossAttnCache, frames_per_block: int = 3) -> torch.Tensor:
         """Flow prediction for every block of ``x [B,C,F,h,w]`` (at ``t [B,F]``) as the cached sampler computes it
-        when the cache holds ``ctx`` (at ``t_ctx``) for the earlier blocks: one forward over ``[ctx, x]`` with
-        :meth:`context_mask`, both halves at the same RoPE positions, with autograd (training).
+        when the cache holds ``ctx`` (at ``t_ctx``) for the earlier blocks: one forward over ``[ctx, x]`` with the
+        attention of :func:`~sdvg.models.block_attention.context_mask` (computed per block, no mask built), both
+        halves at the same RoPE positions, with autograd (training).
 
         ``ctx`` = the clean blocks at t = 0 is Self-Forcing's cache (and the teacher's / fake score's view of a
         generated video); ``ctx = x`` at ``t`` is the noisy cache, which :meth:`forward_train` computes more cheaply."""
         f, hh, ww = x.shape[2:]
         _, ph, pw = self.config.patch_size
         self.check_rope_range(f)
-        tpf = self.tokens_per_frame(hh, ww)
-        mask = self.context_mask(f, tpf, frames_per_block, device=self.execution_device)
+        block_tokens = frames_per_block * self.tokens_per_frame(hh, ww)
         cos, sin = self._rope(f, hh // ph, ww // pw, 0, self.execution_device)
         rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))
 
         def attend(i, q, k, v):
-            return self._sdpa(q, k, v, mask)
+            return context_attention(q, k, v, block_tokens)
 
         out = self._run(torch.cat([ctx, x], 2), torch.cat([t_ctx, t], 1), cross, 0, attend, rope=rope)
         return out[:, :, f:]
@@ -410,12 +389,12 @@ class CausalWanTransformer(WanTransformer3DModel):
         self, x: torch.Tensor, t: torch.Tensor, cross: CrossAttnCache, frames_per_block: int = 3, *,
         frame_offset: int = 0, self_kv: SelfKVCache | None = None, cache_frame: int | None = None,
     ) -> torch.Tensor:
-        """Non-cached forward over ``x [B,C,F,h,w]`` with a block-causal mask; optionally writes all K/V."""
+        """Non-cached block-causal forward over ``x [B,C,F,h,w]`` (per-block attention calls, no mask); optionally
+        writes all K/V."""
         f, hh, ww = x.shape[2:]
         if self_kv is not None and self_kv.rope_on_read:
             raise ConfigError("forward_blockwise_masked writes roped keys; it cannot fill a window-positions cache.")
-        tpf = self.tokens_per_frame(hh, ww)
-        mask = self.block_causal_mask(f, tpf, frames_per_block, device=self.execution_device)
+        block_tokens = frames_per_block * self.tokens_per_frame(hh, ww)
         slots = None
         if self_kv is not None:
             slots = self_kv.begin_write(frame_offset if cache_frame is None else cache_frame, f)
@@ -425,7 +404,7 @@ class CausalWanTransformer(WanTransformer3DModel):
                 kc, vc = self_kv.layer(i)
                 kc[:, slots.start:slots.end].copy_(k)
                 vc[:, slots.start:slots.end].copy_(v)
-            return self._sdpa(q, k, v, mask)
+            return block_causal_attention(q, k, v, block_tokens)
 
         return self._run(x, t, cross, frame_offset, attend)
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:  # the layers come with the model; this module itself needs no diffusers
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
 logger = logging.getLogger(__name__)
 

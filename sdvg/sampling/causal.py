@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..blocks import FRAMES_PER_BLOCK
 from ..errors import ConfigError
-from ..models.dit import CausalWanTransformer
 from ..models.kv_cache import CrossAttnCache, SelfKVCache
 from .calls import NO_HOOKS, Hooks
 from .history import BlockHistory, DenoiseResult, HistoryBlock
 from .prompt_schedule import PromptSchedule
 from .regimes import CacheConfig
 from .scheduler import BlockNoise, FlowMatchScheduler, renoise, to_eps, to_x0
+
+if TYPE_CHECKING:
+    from ..models.dit import CausalWanTransformer
 
 logger = logging.getLogger(__name__)
 

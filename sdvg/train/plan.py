@@ -17,7 +17,7 @@ hidden width, ``ffn`` the feed-forward width and ``layers`` the number of blocks
   ``context_forward`` (the ``[clean context, noisy]`` layout of ``forward_with_context``). With gradient
   checkpointing each layer keeps its input ``[B, S, dim]`` in bf16, plus one layer's inside recomputed in the
   backward, ``~ B * S * (8 * dim + ffn) * 2`` bytes; without it every layer keeps ``~ B * S * (8 * dim + ffn) * 2``
-  bytes. Attention is assumed flash / SDPA (no ``S x S`` score matrix; the boolean block mask is not counted);
+  bytes. Attention is per-block SDPA with no mask (``models/block_attention.py``: no ``S x S`` score matrix or mask);
 * ``kv_cache``: the student's no-grad rollout self-attention cache, bf16 K and V for every layer over the whole
   clip: ``layers * 2 * B * L * dim * 2``;
 * ``text_embeddings``: the UMT5 embeddings of the prompt and the negative prompt, bf16:
