@@ -221,6 +221,8 @@ class _Trainer:
         for opt in (m.opt_gen, m.opt_fake):
             for g in opt.param_groups:
                 g["lr"] = (cfg.lr if opt is m.opt_gen else cfg.lr_fake) * _lr_scale(it, cfg)
+        if cfg.dmd_weight == 0 and s.target is not None:  # the ODE-initialisation stage: regression only
+            return self._regression_update(embeds, s)
         with self.amp():
             roll = rollout(m.student, embeds, s.noise, self.schedule, s.exits, cache=cfg.cache,
                            scheduler=self.scheduler, fpb=cfg.frames_per_block, step_noise=cfg.step_noise)
@@ -228,13 +230,26 @@ class _Trainer:
         logs["fake"] = self._fake_update(roll.x0, embeds, s.critic)
         return logs
 
+    def _ode_rollout(self, s: _Step) -> Rollout:
+        """The teacher's path states at each block's exit timestep, as a rollout whose video is the teacher's."""
+        t_exit = [row[k] for row, k in zip(self.schedule, s.exits, strict=True)]
+        return Rollout.of(s.ode_inputs.to(self.dev), t_exit, s.target.to(self.dev), self.scheduler,
+                          self.cfg.frames_per_block)
+
+    def _regression_update(self, embeds: torch.Tensor, s: _Step) -> dict[str, float]:
+        """CausVid's / Self-Forcing's ODE initialisation: the student's x0 from the teacher's path states regressed
+        onto the teacher's video; no rollout, no scores, no fake-score update (``dmd_weight`` 0)."""
+        with self.amp():
+            x0 = student_x0(self.m.student_fwd, self._ode_rollout(s), embeds, self.cfg.cache)
+            reg = torch.nn.functional.mse_loss(x0, s.target.to(x0.device))
+        self._step_generator(self.cfg.regression_weight * reg)
+        return {"gen": float(reg.detach()) * self.cfg.regression_weight, "regression": float(reg.detach())}
+
     def _student_forward(self, roll: Rollout, embeds: torch.Tensor, s: _Step):
         """The student's exit-step x0 of its rollout and (ODE pairs) of the teacher's path states: one forward."""
         if s.target is None:
             return student_x0(self.m.student_fwd, roll, embeds, self.cfg.cache), None
-        t_exit = [row[k] for row, k in zip(self.schedule, s.exits, strict=True)]
-        ode = Rollout.of(s.ode_inputs.to(self.dev), t_exit, s.target.to(self.dev), self.scheduler,
-                         self.cfg.frames_per_block)
+        ode = self._ode_rollout(s)
         both = student_x0(self.m.student_fwd, roll.cat(ode), torch.cat([embeds, embeds]), self.cfg.cache)
         n = roll.x_exit.shape[0]
         return both[:n], both[n:]
@@ -252,6 +267,12 @@ class _Trainer:
                 reg = torch.nn.functional.mse_loss(x0_ode, s.target.to(x0.device))
                 loss = loss + cfg.regression_weight * reg
                 parts["regression"] = float(reg.detach())
+        self._step_generator(loss)
+        return {"gen": float(loss.detach()), **parts}
+
+    def _step_generator(self, loss: torch.Tensor) -> None:
+        """Backward, clip, AdamW, then the EMA and the motion head's target."""
+        cfg, m = self.cfg, self.m
         m.opt_gen.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in m.opt_gen.param_groups for p in g["params"]], cfg.grad_clip)
@@ -261,7 +282,6 @@ class _Trainer:
                 pe.lerp_(ps, 1 - cfg.ema)
         if m.motion is not None:
             m.motion.update_target()
-        return {"gen": float(loss.detach()), **parts}
 
     def _fake_update(self, x0: torch.Tensor, embeds: torch.Tensor, noise: ScoreNoise) -> float:
         m = self.m

@@ -1,0 +1,140 @@
+"""The toy distillation recipe after Self-Forcing / CausVid, one resumable command (CPU, long: run it in the
+background):
+
+    nohup nice -n 10 env OMP_NUM_THREADS=1 python bench/distill_recipe.py --out out/recipe > out/recipe.log 2>&1 &
+
+1. **ODE initialisation** (``out/ode``): the student starts as the teacher (the toy target, as Self-Forcing distils
+   Wan into itself) and is regressed onto the teacher's videos from ``--pairs`` cached teacher ODE pairs (made once,
+   ``ode/ode_pairs.pt``), from the teacher's path state at each block's exit timestep of the student's own diagonal
+   schedule (``dmd_weight`` 0: no rollout, no scores). Trained in chunks of ``--chunk`` iterations until the student,
+   sampled with **fresh noise** on its own schedule, reaches ``--target-ratio`` × the teacher's judge on the quick
+   held-out check, or ``--ode-steps``.
+2. **DMD** (``out/dmd``): from the ODE-initialised student, DMD with diagonal forcing (noisy cache) and the flow
+   term, ``gen_every`` fake-score updates per generator update (Self-Forcing's 5), each model's learning rate its own
+   key, the teacher regression kept at ``--dmd-regression``.
+
+After every chunk the EMA student is sampled as the SDVG drafter (draft-only, its diagonal schedule, fresh noise, noisy
+cache) on held-out (caption, seed) pairs (every toy caption × sampling seed 9000: never a training noise) and judged;
+the rows go to ``eval.jsonl``. Rerun the same command to resume (state in each stage's ``state.pt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+QUICK_SEEDS = [9000]  # held out: the training noise comes from the run's own generators, never a sampler seed
+
+
+def ode_config(args) -> dict:
+    from sdvg.toy.preset import toy_files
+
+    return {"student_init": str(toy_files()["target"]), "dmd_weight": 0.0, "flow_weight": 0.0,
+            "regression_weight": 1.0, "ode_pairs": args.pairs, "batch": args.batch, "lr": args.ode_lr,
+            "betas": [0.9, 0.999], "warmup": 50, "ema": 0.99, "save_every": args.chunk, "seed": 0}
+
+
+def dmd_config(args, student: Path) -> dict:
+    return {"student_init": str(student), "dmd_weight": 1.0, "flow_weight": 0.2,
+            "regression_weight": args.dmd_regression, "ode_pairs": args.pairs, "batch": args.batch,
+            "lr": args.dmd_lr, "lr_fake": args.fake_lr, "gen_every": 5, "betas": [0.0, 0.999], "warmup": 20,
+            "ema": 0.99, "save_every": args.chunk, "seed": 0}
+
+
+def evaluate(student: Path, seeds: list[int], captions: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(REPO / "bench"))
+    from diagonal_study import _models
+
+    from sdvg.toy.world import all_captions
+    from sdvg.train.measure import Sampling, measure
+
+    _models.cache_clear()
+    caps = captions or all_captions()
+    return measure(_models, Sampling("student", str(student)), caps, seeds)
+
+
+def teacher_row(out: Path, seeds: list[int]) -> dict:
+    path = out / f"teacher_{'_'.join(map(str, seeds))}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    sys.path.insert(0, str(REPO / "bench"))
+    from diagonal_study import _models
+
+    from sdvg.toy.world import all_captions
+    from sdvg.train.measure import Sampling, measure
+
+    row = measure(_models, Sampling("teacher", None), all_captions(), seeds)
+    path.write_text(json.dumps(row) + "\n")
+    return row
+
+
+def stage(name: str, cfg: dict, out: Path, max_steps: int, chunk: int, goal: float | None) -> Path:
+    from sdvg.train import load_config, train_diagonal
+
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    log = out / "eval.jsonl"
+    done = 0
+    state = d / "state.pt"
+    if state.is_file():
+        from sdvg.loaders.checkpoint import torch_load
+
+        done = int(torch_load(state)["step"])
+    while done < max_steps:
+        done = min(max_steps, done + chunk)
+        t0 = time.time()
+        res = train_diagonal(load_config(None, **{**cfg, "out": str(d), "steps": done}))
+        tail = {k: sum(v for _, v in vals[-chunk:]) / len(vals[-chunk:]) for k, vals in res.losses.items() if vals}
+        row = {"stage": name, "step": done, "train_s": round(time.time() - t0, 1), "loss": tail,
+               **evaluate(res.student, QUICK_SEEDS)}
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        logging.info("%s", json.dumps(row))
+        if goal is not None and row["judge"] >= goal:
+            logging.info("%s reached the goal %.3f at step %d", name, goal, done)
+            break
+    return d / "student.pt"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="out/recipe")
+    ap.add_argument("--pairs", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=150)
+    ap.add_argument("--ode-steps", type=int, default=3000)
+    ap.add_argument("--ode-lr", type=float, default=1e-4)
+    ap.add_argument("--dmd-steps", type=int, default=1500)
+    ap.add_argument("--dmd-lr", type=float, default=2e-5)
+    ap.add_argument("--fake-lr", type=float, default=1e-4)
+    ap.add_argument("--dmd-regression", type=float, default=0.25)
+    ap.add_argument("--target-ratio", type=float, default=0.9)
+    ap.add_argument("--skip-dmd", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    import torch
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    teacher = teacher_row(out, QUICK_SEEDS)
+    logging.info("teacher on the quick held-out check: %s", json.dumps(teacher))
+    goal = args.target_ratio * teacher["judge"]
+    student = stage("ode", ode_config(args), out, args.ode_steps, args.chunk, goal)
+    if not args.skip_dmd:
+        pairs, link = out / "ode" / "ode_pairs.pt", out / "dmd" / "ode_pairs.pt"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if pairs.is_file() and not link.exists():
+            link.symlink_to(pairs.resolve())  # the same teacher pairs (their key matches), made once
+        stage("dmd", dmd_config(args, student), out, args.dmd_steps, args.chunk, None)
+
+
+if __name__ == "__main__":
+    main()
