@@ -160,7 +160,7 @@ def test_train_smoke_losses_fall_resume_and_the_student_loads_in_the_sampler(tmp
     from sdvg.loaders.checkpoint import torch_load
 
     out = tmp_path / "dd"
-    (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 16}))
+    (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 16, "gen_every": 1}))
     base = ["train", "diagonal", "--config", str(tmp_path / "c.json"), "--out", str(out), "--batch", "4",
             "--threads", "1"]
     assert main([*base, "--max-steps", "8"]) == 0
@@ -194,7 +194,7 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
     """torchrun --nproc_per_node 2 (DDP, gloo) = one process, same seed and global batch: same losses and weights
     within float rounding (measured max |Δw| 1.3e-6 after 3 steps of a 2e-4 learning rate)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 8}))
+    (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 8, "gen_every": 1}))
     args = ["-m", "sdvg", "train", "diagonal", "--config", str(tmp_path / "c.json"), "--max-steps", "3", "--batch",
             "4", "--threads", "1"]
     one, two = tmp_path / "one", tmp_path / "two"

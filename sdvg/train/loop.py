@@ -49,6 +49,8 @@ class TrainResult:
     losses: dict[str, list[float]]
     s_per_iter: float
     peak_memory_mb: float
+    interrupted: bool = False  # stopped by ``stop()`` (a signal): the state was saved, a rerun resumes
+    resumed_from: int = 0  # the step the run started at (0: a fresh run)
 
 
 class _Dist:
@@ -305,6 +307,17 @@ class _Trainer:
             self.step, self.losses = int(st["step"]), {k: list(v) for k, v in st["losses"].items()}
             self.timing.update(st.get("timing", {}))
             logger.info("resuming Diagonal Distillation at step %d", self.step)
+        self.saved_at = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether to save now: every ``save_every`` iterations or ``save_every_minutes``, and at the last step."""
+        cfg = self.cfg
+        minutes = cfg.save_every_minutes > 0 and time.monotonic() - self.saved_at >= 60 * cfg.save_every_minutes
+        if self.dist.on:  # every rank must agree (the save has a barrier)
+            flag = torch.tensor([float(minutes)])
+            torch.distributed.all_reduce(flag)
+            minutes = bool(flag.item() > 0)
+        return self.step % cfg.save_every == 0 or self.step == cfg.steps or minutes
 
     def save(self) -> None:
         if self.dist.rank == 0:
@@ -316,6 +329,7 @@ class _Trainer:
                        tmp)
             tmp.replace(self.state_path)
             self._write_student()
+        self.saved_at = time.monotonic()
         self.dist.barrier()
 
     def record(self, logs: dict[str, float]) -> None:
@@ -359,13 +373,34 @@ def peak_memory_mb(dev: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def train_diagonal(cfg: DiagonalTrainConfig, *, progress: Callable[[dict], None] | None = None) -> TrainResult:
-    """Train (or resume) a Diagonal Distillation student; see the module docstring."""
+def _stop_now(stop: Callable[[], bool] | None, dist: _Dist) -> bool:
+    """Whether ``stop()`` asks to end the run; under torchrun any rank's signal stops every rank at the same step."""
+    asked = bool(stop is not None and stop())
+    if not dist.on:
+        return asked
+    flag = torch.tensor([float(asked)])
+    torch.distributed.all_reduce(flag)
+    return bool(flag.item() > 0)
+
+
+def train_diagonal(cfg: DiagonalTrainConfig, *, progress: Callable[[dict], None] | None = None,
+                   notify: Callable[[str], None] | None = None,
+                   stop: Callable[[], bool] | None = None) -> TrainResult:
+    """Train (or resume) a Diagonal Distillation student; see the module docstring.
+
+    ``notify`` gets one-line messages for the user (resuming, stopping); ``stop()`` is asked after every iteration
+    (the CLI's signal handler): when it says yes the state is saved and the result says ``interrupted``."""
     cfg.validate()
+    say = notify if notify is not None else logger.info
     dev = _device(cfg)
     dist = _Dist(dev)
     tr = _Trainer(cfg, dev, dist)
     tr.resume()
+    start = tr.step
+    if start and dist.rank == 0:
+        say(f"resuming from step {start} of {cfg.steps} ({tr.state_path})" if start < cfg.steps else
+            f"already trained to step {start} ({tr.state_path}); --max-steps more than {start} trains on")
+    interrupted = False
     while tr.step < cfg.steps:
         t0 = time.perf_counter()
         logs = dist.mean(tr.iteration(tr.step))
@@ -375,7 +410,13 @@ def train_diagonal(cfg: DiagonalTrainConfig, *, progress: Callable[[dict], None]
         tr.record(logs)
         if progress is not None and dist.rank == 0:
             progress({"step": tr.step, "steps": cfg.steps, **logs, "s_per_iter": tr.s_per_iter})
-        if tr.step % cfg.save_every == 0 or tr.step == cfg.steps:
+        interrupted = _stop_now(stop, dist)
+        if interrupted or tr.due():
             tr.save()
+        if interrupted:
+            if dist.rank == 0:
+                say(f"stopped at step {tr.step} of {cfg.steps}; state saved to {tr.state_path} "
+                    "(rerun the same command to resume)")
+            break
     student = tr.export()
-    return TrainResult(student, tr.state_path, tr.step, tr.losses, tr.s_per_iter, tr.peak_mb())
+    return TrainResult(student, tr.state_path, tr.step, tr.losses, tr.s_per_iter, tr.peak_mb(), interrupted, start)
