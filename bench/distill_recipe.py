@@ -117,6 +117,8 @@ def main() -> None:
     ap.add_argument("--dmd-regression", type=float, default=0.25)
     ap.add_argument("--target-ratio", type=float, default=0.9)
     ap.add_argument("--skip-dmd", action="store_true")
+    ap.add_argument("--dmd-init", choices=["ode", "teacher"], default="ode", help="teacher: DMD straight from the "
+                    "teacher's weights (it already samples on the student's schedule), skipping the ODE stage")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
@@ -127,6 +129,11 @@ def main() -> None:
     teacher = teacher_row(out, QUICK_SEEDS)
     logging.info("teacher on the quick held-out check: %s", json.dumps(teacher))
     goal = args.target_ratio * teacher["judge"]
+    if args.dmd_init == "teacher":
+        from sdvg.toy.preset import toy_files
+
+        stage("dmd-from-teacher", dmd_config(args, toy_files()["target"]), out, args.dmd_steps, args.chunk, None)
+        return
     student = stage("ode", ode_config(args), out, args.ode_steps, args.chunk, goal)
     if not args.skip_dmd:
         pairs, link = out / "ode" / "ode_pairs.pt", out / "dmd" / "ode_pairs.pt"
