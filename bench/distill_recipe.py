@@ -75,6 +75,37 @@ def teacher_row(out: Path, seeds: list[int]) -> dict:
     return row
 
 
+FINAL_SEEDS = [9001, 9002]  # held out from the quick check too (which picked nothing but was watched)
+
+
+def final(out: Path, student: Path, seeds: list[int]) -> dict:
+    """The student, the undistilled teacher weights on the student's schedule and the teacher (10 ODE steps) on every
+    toy caption × ``seeds``, each with its agreement with the teacher's video from the same seed, and the student's
+    judge as a fraction of the teacher's with a paired bootstrap interval (pairs resampled together)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from diagonal_study import _models
+
+    from sdvg.eval.stats import bootstrap_ci
+    from sdvg.toy.preset import toy_files
+    from sdvg.toy.world import all_captions
+    from sdvg.train.measure import Sampling, measure
+
+    teacher = Sampling("teacher (toy target, 10 ODE steps)", None)
+    students = [Sampling("student (diagonal 4-3-2, fresh noise)", str(student)),
+                Sampling("teacher weights on the student's schedule (undistilled)", str(toy_files()["target"]))]
+    rows = [measure(_models, s, all_captions(), seeds, reference=teacher) for s in students]
+    rows.append(measure(_models, teacher, all_captions(), seeds))
+    t = rows[-1]["accuracies"]
+    for row in rows[:2]:
+        pairs = list(zip(row["accuracies"], t, strict=True))
+        ratio = lambda ps: sum(a for a, _ in ps) / max(1e-9, sum(b for _, b in ps))  # noqa: E731
+        row["ratio"], (row["ratio_lo"], row["ratio_hi"]) = ratio(pairs), bootstrap_ci(pairs, ratio)
+        row["speedup_per_video"] = rows[-1]["s_per_video"] / row["s_per_video"]
+    res = {"student": str(student), "seeds": seeds, "rows": rows}
+    (out / "final.json").write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
 def stage(name: str, cfg: dict, out: Path, max_steps: int, chunk: int, goal: float | None) -> Path:
     from sdvg.train import load_config, train_diagonal
 
@@ -117,6 +148,7 @@ def main() -> None:
     ap.add_argument("--dmd-regression", type=float, default=0.25)
     ap.add_argument("--target-ratio", type=float, default=0.9)
     ap.add_argument("--skip-dmd", action="store_true")
+    ap.add_argument("--final", help="measure this student.pt on the final held-out pairs (final.json) and exit")
     ap.add_argument("--dmd-init", choices=["ode", "teacher"], default="ode", help="teacher: DMD straight from the "
                     "teacher's weights (it already samples on the student's schedule), skipping the ODE stage")
     args = ap.parse_args()
@@ -126,6 +158,9 @@ def main() -> None:
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.final:
+        logging.info("%s", json.dumps(final(out, Path(args.final), FINAL_SEEDS)))
+        return
     teacher = teacher_row(out, QUICK_SEEDS)
     logging.info("teacher on the quick held-out check: %s", json.dumps(teacher))
     goal = args.target_ratio * teacher["judge"]
