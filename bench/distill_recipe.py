@@ -106,6 +106,49 @@ def final(out: Path, student: Path, seeds: list[int]) -> dict:
     return res
 
 
+def export(src: Path, dst: Path) -> Path:
+    """The committed student: Self-Forcing's layout with the EMA weights only (``generator_ema``, what every loader
+    takes first), in bf16 like the toy target, so it fits the 10 MB a committed file may take."""
+    import torch
+
+    from sdvg.loaders.checkpoint import torch_load
+
+    pt = torch_load(src)
+    ema = {k: v.to(torch.bfloat16).contiguous() for k, v in pt["generator_ema"].items()}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"generator_ema": ema, "config": pt["config"]}, str(dst))
+    return dst
+
+
+def plot(out: Path) -> Path:
+    """``losses.png``: the ODE stage's regression, the DMD stage's generator (DMD) and fake-score losses, moving mean
+    of 25, from each stage's ``train.json``."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from diagonal_study import _smooth, _ticks
+
+    from sdvg.outputs.plotting import Chart, nice_range
+
+    curves = [("ode", "regression", (44, 160, 44), "ODE init: regression"),
+              ("dmd-from-teacher", "dmd", (214, 39, 40), "DMD: generator (DMD term)"),
+              ("dmd-from-teacher", "fake", (31, 119, 180), "DMD: fake score (flow matching)")]
+    chart = Chart(900, 420, (70, 40, 640, 370), title="Toy distillation recipe: losses per iteration (moving mean 25)")
+    series = []
+    for stage_name, key, color, label in curves:
+        path = out / stage_name / "train.json"
+        if path.is_file() and json.loads(path.read_text())["losses"].get(key):
+            series.append((label, color, _smooth(json.loads(path.read_text())["losses"][key], 25)))
+    xs = [p[0] for s in series for p in s[2]]
+    ys = [p[1] for s in series for p in s[2]]
+    chart.set_range(nice_range(xs, pad=0.0), nice_range(ys, include=[0.0]))
+    chart.frame()
+    chart.x_ticks([round(v) for v in _ticks(chart.x_range)], lambda v: f"{v:.0f}", label="iteration")
+    chart.y_ticks(_ticks(chart.y_range), lambda v: f"{v:.2f}")
+    for _label, color, pts in series:
+        chart.line(pts, color)
+    chart.legend((655, 50), [(label, color, "line") for label, color, _ in series])
+    return chart.save(out / "losses.png")
+
+
 def stage(name: str, cfg: dict, out: Path, max_steps: int, chunk: int, goal: float | None) -> Path:
     from sdvg.train import load_config, train_diagonal
 
@@ -148,6 +191,8 @@ def main() -> None:
     ap.add_argument("--dmd-regression", type=float, default=0.25)
     ap.add_argument("--target-ratio", type=float, default=0.9)
     ap.add_argument("--skip-dmd", action="store_true")
+    ap.add_argument("--plot", action="store_true", help="write losses.png from the stages' train.json and exit")
+    ap.add_argument("--export", nargs=2, metavar=("SRC", "DST"), help="write SRC student.pt's EMA in bf16 to DST")
     ap.add_argument("--final", help="measure this student.pt on the final held-out pairs (final.json) and exit")
     ap.add_argument("--dmd-init", choices=["ode", "teacher"], default="ode", help="teacher: DMD straight from the "
                     "teacher's weights (it already samples on the student's schedule), skipping the ODE stage")
@@ -158,6 +203,12 @@ def main() -> None:
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plot:
+        logging.info("wrote %s", plot(out))
+        return
+    if args.export:
+        logging.info("wrote %s", export(*map(Path, args.export)))
+        return
     if args.final:
         logging.info("%s", json.dumps(final(out, Path(args.final), FINAL_SEEDS)))
         return
