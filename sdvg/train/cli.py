@@ -35,6 +35,8 @@ def add_parser(subparsers) -> None:
                    "0 = iterations only)")
     d.add_argument("--device", help="cpu (default) | cuda | cuda:N (under torchrun: each rank's LOCAL_RANK)")
     d.add_argument("--gradient-checkpointing", action="store_true", default=None)
+    d.add_argument("--fsdp", action="store_true", default=None, help="under torchrun: shard student, teacher, fake "
+                   "score and EMA with FSDP2 (fully_shard) instead of DDP")
     d.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads")
     d.add_argument("--dry-run", action="store_true", help="print the FSDP memory plan per GPU and exit")
     d.add_argument("--plan-model", choices=["1.3b", "student"], default="student", help="--dry-run: plan the "
@@ -58,7 +60,7 @@ def _config(args):
                        data=args.data, text_encoder=args.text_encoder, out=args.out, steps=args.max_steps,
                        batch=args.batch, schedule=schedule, cache=args.cache, flow_weight=args.flow_weight,
                        seed=args.seed, device=args.device, gradient_checkpointing=args.gradient_checkpointing,
-                       save_every=args.save_every, save_every_minutes=args.save_every_minutes)
+                       save_every=args.save_every, fsdp=args.fsdp, save_every_minutes=args.save_every_minutes)
 
 
 def _check_files(cfg) -> None:

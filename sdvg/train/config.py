@@ -73,6 +73,7 @@ class DiagonalTrainConfig:
     device: str = "cpu"
     autocast: str = "auto"  # auto: bf16 autocast on CUDA | "bf16" | "off"
     gradient_checkpointing: bool = False
+    fsdp: bool = False  # under torchrun: FSDP2 (fully_shard) for student, teacher, fake score and EMA instead of DDP
     note: dict = field(default_factory=dict)
 
     def validate(self) -> DiagonalTrainConfig:
