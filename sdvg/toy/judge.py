@@ -48,6 +48,20 @@ class Verdict:
     def all_correct(self) -> bool:
         return self.accuracy == 1.0
 
+    @property
+    def ungated(self) -> float:
+        """The fraction of the four attributes read as the caption says, without the validity gate: it shows progress
+        (a blue smear in the right place) that ``accuracy`` hides. Chance is above 0.125 (the background is one of two)."""
+        return sum(self.correct.values()) / len(ATTRIBUTES)
+
+
+def agreement(frames: torch.Tensor, reference: torch.Tensor, caption: str) -> float:
+    """Fidelity to a reference video (the teacher's from the same noise): the fraction of the four attributes the
+    judge reads the same, non-missing value for in both. A flat field reads no colour, shape or direction, so it agrees
+    on the background at most; the reference agrees with itself on every attribute it can read."""
+    a, b = judge(frames, caption).attributes, judge(reference, caption).attributes
+    return sum(a[k] is not None and a[k] == b[k] for k in ATTRIBUTES) / len(ATTRIBUTES)
+
 
 def _features(mask: torch.Tensor) -> torch.Tensor | None:
     """Shape features of a binary mask ``[H, W]``: bbox fill, aspect, vertical mass balance."""
@@ -196,4 +210,4 @@ def validate_judge(n: int = 24, seed: int = 7, frames: int = 33) -> dict[str, fl
             "real_smooth": sum(v.smooth for v in real) / n, "noise_smooth": sum(v.smooth for v in noise) / n}
 
 
-__all__ = ["Verdict", "judge", "judge_metric", "validate_judge"]
+__all__ = ["Verdict", "agreement", "judge", "judge_metric", "validate_judge"]

@@ -30,8 +30,13 @@ def add_parser(subparsers) -> None:
     d.add_argument("--flow-weight", type=float, help="weight of the flow distribution-matching term (default 0.2; "
                    "0 = off)")
     d.add_argument("--seed", type=int)
+    d.add_argument("--save-every", type=int, help="iterations between saves of state.pt (default 100)")
+    d.add_argument("--save-every-minutes", type=float, help="... or minutes, whichever comes first (default 10; "
+                   "0 = iterations only)")
     d.add_argument("--device", help="cpu (default) | cuda | cuda:N (under torchrun: each rank's LOCAL_RANK)")
     d.add_argument("--gradient-checkpointing", action="store_true", default=None)
+    d.add_argument("--fsdp", action="store_true", default=None, help="under torchrun: shard student, teacher, fake "
+                   "score and EMA with FSDP2 (fully_shard) instead of DDP")
     d.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads")
     d.add_argument("--dry-run", action="store_true", help="print the FSDP memory plan per GPU and exit")
     d.add_argument("--plan-model", choices=["1.3b", "student"], default="student", help="--dry-run: plan the "
@@ -54,7 +59,8 @@ def _config(args):
     return load_config(args.config, teacher=args.teacher, student_init=args.student_init, fake_init=args.fake_init,
                        data=args.data, text_encoder=args.text_encoder, out=args.out, steps=args.max_steps,
                        batch=args.batch, schedule=schedule, cache=args.cache, flow_weight=args.flow_weight,
-                       seed=args.seed, device=args.device, gradient_checkpointing=args.gradient_checkpointing)
+                       seed=args.seed, device=args.device, gradient_checkpointing=args.gradient_checkpointing,
+                       save_every=args.save_every, fsdp=args.fsdp, save_every_minutes=args.save_every_minutes)
 
 
 def _check_files(cfg) -> None:
@@ -122,9 +128,15 @@ def cmd_diagonal(args) -> int:
         return _dry_run(cfg, args)
     _check_files(cfg)
     set_cpu_threads(args.threads)
+    from ..cli.commands import _StopSignals
     from .loop import train_diagonal
 
-    res = train_diagonal(cfg, progress=_Bar())
+    def say(message: str) -> None:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+    with _StopSignals(say) as signals:  # the first Ctrl-C / SIGTERM: save after this iteration, exit 130 / 143
+        res = train_diagonal(cfg, progress=_Bar(), notify=say, stop=signals.requested)
     sys.stdout.write(f"student    {res.student}\nsteps      {res.steps}\ns/iter     {res.s_per_iter:.3f}\n"
                      f"peak MiB   {res.peak_memory_mb:.0f}\n")
-    return 0
+    return signals.exit_code if res.interrupted else 0

@@ -62,20 +62,26 @@ class DiagonalTrainConfig:
     betas: tuple[float, float] = (0.0, 0.999)
     weight_decay: float = 0.01
     warmup: int = 20
-    gen_every: int = 1  # generator update every N fake-score updates (Self-Forcing: dfake_gen_update_ratio 5)
+    gen_every: int = 5  # fake-score updates per generator update (Self-Forcing's dfake_gen_update_ratio 5)
     grad_clip: float = 10.0
     ema: float = 0.99
     seed: int = 0
-    save_every: int = 100
+    save_every: int = 100  # iterations between saves of state.pt ...
+    save_every_minutes: float = 10.0  # ... or minutes, whichever comes first (0: by iterations only)
     log_every: int = 10
     # devices and precision (the real scale; on CPU everything is fp32)
     device: str = "cpu"
     autocast: str = "auto"  # auto: bf16 autocast on CUDA | "bf16" | "off"
     gradient_checkpointing: bool = False
+    fsdp: bool = False  # under torchrun: FSDP2 (fully_shard) for student, teacher, fake score and EMA instead of DDP
     note: dict = field(default_factory=dict)
 
     def validate(self) -> DiagonalTrainConfig:
-        problems = []
+        """Every key's type, then every value's range: one ConfigError naming all problems, before anything loads."""
+        problems = [p for f in fields(self) if (p := _type_problem(f.name, getattr(self, f.name), f.type))]
+        if problems:
+            raise ConfigError("Bad training config: " + "; ".join(problems) + ".")
+        problems = _range_problems(self)
         if self.cache not in CACHES:
             problems.append(f"cache must be one of {CACHES}, got {self.cache!r}")
         if self.teacher_attention not in TEACHER_ATTENTION:
@@ -89,9 +95,6 @@ class DiagonalTrainConfig:
             problems.append("regression_weight must be >= 0, and ode_pairs >= 1 when it is used")
         if self.autocast not in ("auto", "bf16", "off"):
             problems.append(f"autocast must be auto, bf16 or off, got {self.autocast!r}")
-        for name in ("num_blocks", "frames_per_block", "steps", "batch", "gen_every", "save_every", "log_every"):
-            if int(getattr(self, name)) < 1:
-                problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0.0 <= self.min_t < self.max_t <= 1.0:
             problems.append(f"need 0 <= min_t < max_t <= 1, got {self.min_t}, {self.max_t}")
         if self.flow_weight < 0 or self.real_guidance < 1.0:
@@ -104,6 +107,54 @@ class DiagonalTrainConfig:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool, "list": list, "dict": dict, "None": type(None)}
+
+
+def _fits(value, kind: str) -> bool:
+    if kind.startswith("tuple["):
+        inner = [k.strip() for k in kind[6:-1].split(",")]
+        return (isinstance(value, (list, tuple)) and len(value) == len(inner)
+                and all(_fits(v, k) for v, k in zip(value, inner, strict=True)))
+    if isinstance(value, bool) and kind != "bool":
+        return False  # JSON true is not a number
+    return isinstance(value, _TYPES[kind])
+
+
+def _type_problem(name: str, value, annotation: str) -> str | None:
+    kinds = [k.strip() for k in str(annotation).split("|")]
+    if any(_fits(value, k) for k in kinds):
+        return None
+    want = " or ".join("null" if k == "None" else f"a [{k[6:-1]}] list" if k.startswith("tuple[") else k
+                       for k in kinds)
+    return f"{name} must be {want}, got {value!r}"
+
+
+_POSITIVE = ("lr", "lr_fake", "grad_clip", "shift", "score_shift")
+_NON_NEGATIVE = ("weight_decay", "warmup", "dmd_weight", "ode_pairs", "save_every_minutes", "seed")
+_AT_LEAST_ONE = ("num_blocks", "frames_per_block", "steps", "batch", "gen_every", "save_every", "log_every",
+                 "motion_hidden")
+_FRACTIONS = ("ema", "motion_ema")  # in [0, 1)
+
+
+def _range_problems(cfg: DiagonalTrainConfig) -> list[str]:
+    problems = [f"{n} must be > 0, got {getattr(cfg, n)}" for n in _POSITIVE if not getattr(cfg, n) > 0]
+    problems += [f"{n} must be >= 0, got {getattr(cfg, n)}" for n in _NON_NEGATIVE if getattr(cfg, n) < 0]
+    problems += [f"{n} must be at least 1, got {getattr(cfg, n)}" for n in _AT_LEAST_ONE if getattr(cfg, n) < 1]
+    problems += [f"{n} must be in [0, 1), got {getattr(cfg, n)}" for n in _FRACTIONS if not 0 <= getattr(cfg, n) < 1]
+    if not all(0 <= b < 1 for b in cfg.betas):
+        problems.append(f"betas must both be in [0, 1), got {list(cfg.betas)}")
+    if not all(v >= 1 for v in cfg.latent_hw):
+        problems.append(f"latent_hw must be two sizes >= 1, got {list(cfg.latent_hw)}")
+    from ..sampling.scheduler import FlowMatchScheduler, build_step_schedule
+
+    if cfg.shift > 0 and cfg.num_blocks >= 1:
+        try:
+            build_step_schedule(cfg.schedule, cfg.num_blocks, FlowMatchScheduler(cfg.shift))
+        except ConfigError as exc:
+            problems.append(f"schedule: {str(exc).rstrip('.')}")
+    return problems
 
 
 def load_config(path: str | Path | None = None, **overrides) -> DiagonalTrainConfig:
@@ -125,6 +176,6 @@ def load_config(path: str | Path | None = None, **overrides) -> DiagonalTrainCon
     if unknown:
         raise ConfigError(f"Unknown training config key(s) {unknown}; known keys: {', '.join(sorted(known))}.")
     for key in ("latent_hw", "betas"):
-        if key in values:
+        if isinstance(values.get(key), list):
             values[key] = tuple(values[key])
     return DiagonalTrainConfig(**values).validate()

@@ -49,6 +49,8 @@ class TrainResult:
     losses: dict[str, list[float]]
     s_per_iter: float
     peak_memory_mb: float
+    interrupted: bool = False  # stopped by ``stop()`` (a signal): the state was saved, a rerun resumes
+    resumed_from: int = 0  # the step the run started at (0: a fresh run)
 
 
 class _Dist:
@@ -108,7 +110,8 @@ def _load(path: str, dev: torch.device, trainable: bool, cfg: DiagonalTrainConfi
 class _Models:
     def __init__(self, cfg: DiagonalTrainConfig, dev: torch.device, dist: _Dist) -> None:
         files = model_files(cfg)
-        full = cfg.teacher_attention == "full"
+        self.cfg, self.dev, self.dist = cfg, dev, dist
+        self.fsdp = cfg.fsdp and dist.on
         self.teacher = _load(files["teacher"], dev, False, cfg)
         self.student = _load(files["student"], dev, True, cfg)
         self.fake = _load(files["fake"], dev, True, cfg)
@@ -118,28 +121,82 @@ class _Models:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.seed)
                 self.motion = MotionMatcher(self.student.config.in_channels, cfg.motion_hidden, cfg.motion_ema).to(dev)
-        fpb = cfg.frames_per_block
+
+    def finish(self) -> None:
+        """Wrap (DDP) or shard (FSDP2) the models and make the optimisers: after the ODE pairs, which rank 0 makes
+        alone with the whole teacher."""
+        cfg, dist, fpb = self.cfg, self.dist, self.cfg.frames_per_block
+        full = cfg.teacher_attention == "full"
+        opt = {"betas": cfg.betas, "weight_decay": cfg.weight_decay}
+        motion = list(self.motion.head.parameters()) if self.motion else []
+        if self.fsdp:
+            from . import fsdp
+
+            for model in (self.teacher, self.student, self.fake):
+                fsdp.shard(model)
+            fsdp.shard(self.ema, methods=False)
+            self.student_fwd = TrainForward(self.student, fpb)
+            self.fake_fwd = TrainForward(self.fake, fpb, full)
+        else:
+            self.student_fwd = _wrap(TrainForward(self.student, fpb, companion=self.motion), dist, self.dev)
+            self.fake_fwd = _wrap(TrainForward(self.fake, fpb, full), dist, self.dev)
         self.teacher_fwd = TrainForward(self.teacher, fpb, full)
-        self.student_fwd = _wrap(TrainForward(self.student, fpb, companion=self.motion), dist, dev)
-        self.fake_fwd = _wrap(TrainForward(self.fake, fpb, full), dist, dev)
-        gen_params = list(self.student.parameters()) + (list(self.motion.head.parameters()) if self.motion else [])
-        self.opt_gen = torch.optim.AdamW(gen_params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-        self.opt_fake = torch.optim.AdamW(self.fake.parameters(), lr=cfg.lr_fake, betas=cfg.betas,
-                                          weight_decay=cfg.weight_decay)
+        own = motion if self.fsdp else []  # FSDP: the unsharded motion head gets its own AdamW (same settings)
+        self.opt_gen = torch.optim.AdamW([p for p in self.student.parameters()] + (motion if not self.fsdp else []),
+                                         lr=cfg.lr, **opt)
+        self.opt_motion = torch.optim.AdamW(own, lr=cfg.lr, **opt) if own else None
+        self.opt_fake = torch.optim.AdamW(self.fake.parameters(), lr=cfg.lr_fake, **opt)
+
+    @property
+    def gen_opts(self) -> list[torch.optim.Optimizer]:
+        return [self.opt_gen] + ([self.opt_motion] if self.opt_motion is not None else [])
+
+    def gen_params(self) -> list[torch.nn.Parameter]:
+        return [p for o in self.gen_opts for g in o.param_groups for p in g["params"]]
+
+    def clip(self, params) -> None:
+        if self.fsdp:
+            from . import fsdp
+
+            fsdp.clip_grad_norm_(list(params), self.cfg.grad_clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
 
     def state(self) -> dict:
-        return {"student": self.student.state_dict(), "fake": self.fake.state_dict(), "ema": self.ema.state_dict(),
-                "motion": self.motion.state_dict() if self.motion else None,
-                "opt_gen": self.opt_gen.state_dict(), "opt_fake": self.opt_fake.state_dict()}
+        """Every model's and optimiser's full state (under FSDP a collective: call it on every rank)."""
+        motion = self.motion.state_dict() if self.motion else None
+        if not self.fsdp:
+            return {"student": self.student.state_dict(), "fake": self.fake.state_dict(), "ema": self.ema.state_dict(),
+                    "motion": motion, "opt_gen": self.opt_gen.state_dict(), "opt_fake": self.opt_fake.state_dict()}
+        from . import fsdp
+
+        return {"student": fsdp.full_state(self.student), "fake": fsdp.full_state(self.fake),
+                "ema": fsdp.full_state(self.ema), "motion": motion,
+                "opt_gen": fsdp.full_optim_state(self.student, self.opt_gen),
+                "opt_fake": fsdp.full_optim_state(self.fake, self.opt_fake),
+                "opt_motion": self.opt_motion.state_dict() if self.opt_motion else None, "fsdp": True}
 
     def load(self, st: dict) -> None:
-        self.student.load_state_dict(st["student"])
-        self.fake.load_state_dict(st["fake"])
-        self.ema.load_state_dict(st["ema"])
+        if bool(st.get("fsdp")) != self.fsdp:
+            raise ConfigError("state.pt was saved " + ("with" if st.get("fsdp") else "without") + " FSDP; resume it "
+                              "the same way (or start a new --out).")
         if self.motion is not None and st.get("motion") is not None:
             self.motion.load_state_dict(st["motion"])
-        self.opt_gen.load_state_dict(st["opt_gen"])
-        self.opt_fake.load_state_dict(st["opt_fake"])
+        if not self.fsdp:
+            self.student.load_state_dict(st["student"])
+            self.fake.load_state_dict(st["fake"])
+            self.ema.load_state_dict(st["ema"])
+            self.opt_gen.load_state_dict(st["opt_gen"])
+            self.opt_fake.load_state_dict(st["opt_fake"])
+            return
+        from . import fsdp
+
+        for model, key in ((self.student, "student"), (self.fake, "fake"), (self.ema, "ema")):
+            fsdp.load_state(model, st[key])
+        fsdp.load_optim_state(self.student, self.opt_gen, st["opt_gen"])
+        fsdp.load_optim_state(self.fake, self.opt_fake, st["opt_fake"])
+        if self.opt_motion is not None and st.get("opt_motion") is not None:
+            self.opt_motion.load_state_dict(st["opt_motion"])
 
 
 def _wrap(module: torch.nn.Module, dist: _Dist, dev: torch.device) -> torch.nn.Module:
@@ -206,6 +263,7 @@ class _Trainer:
                     self.pairs = make_pairs(self.m.teacher, self.bank, cfg, model_files(cfg)["teacher"], self.out,
                                             self.schedule)
                 dist.barrier()
+        self.m.finish()
         self.step, self.losses = 0, {}
         self.timing = {"seconds": 0.0, "iterations": 0, "peak_memory_mb": 0.0}  # over every session of the run
 
@@ -218,9 +276,11 @@ class _Trainer:
         cfg, m = self.cfg, self.m
         s = _draw(cfg, it, self.bank, self.schedule, self.dist, m.student.config.in_channels, self.pairs)
         embeds = s.embeds.to(self.dev)
-        for opt in (m.opt_gen, m.opt_fake):
+        for opt in (*m.gen_opts, m.opt_fake):
             for g in opt.param_groups:
-                g["lr"] = (cfg.lr if opt is m.opt_gen else cfg.lr_fake) * _lr_scale(it, cfg)
+                g["lr"] = (cfg.lr_fake if opt is m.opt_fake else cfg.lr) * _lr_scale(it, cfg)
+        if cfg.dmd_weight == 0 and s.target is not None:  # the ODE-initialisation stage: regression only
+            return self._regression_update(embeds, s)
         with self.amp():
             roll = rollout(m.student, embeds, s.noise, self.schedule, s.exits, cache=cfg.cache,
                            scheduler=self.scheduler, fpb=cfg.frames_per_block, step_noise=cfg.step_noise)
@@ -228,13 +288,26 @@ class _Trainer:
         logs["fake"] = self._fake_update(roll.x0, embeds, s.critic)
         return logs
 
+    def _ode_rollout(self, s: _Step) -> Rollout:
+        """The teacher's path states at each block's exit timestep, as a rollout whose video is the teacher's."""
+        t_exit = [row[k] for row, k in zip(self.schedule, s.exits, strict=True)]
+        return Rollout.of(s.ode_inputs.to(self.dev), t_exit, s.target.to(self.dev), self.scheduler,
+                          self.cfg.frames_per_block)
+
+    def _regression_update(self, embeds: torch.Tensor, s: _Step) -> dict[str, float]:
+        """CausVid's / Self-Forcing's ODE initialisation: the student's x0 from the teacher's path states regressed
+        onto the teacher's video; no rollout, no scores, no fake-score update (``dmd_weight`` 0)."""
+        with self.amp():
+            x0 = student_x0(self.m.student_fwd, self._ode_rollout(s), embeds, self.cfg.cache)
+            reg = torch.nn.functional.mse_loss(x0, s.target.to(x0.device))
+        self._step_generator(self.cfg.regression_weight * reg)
+        return {"gen": float(reg.detach()) * self.cfg.regression_weight, "regression": float(reg.detach())}
+
     def _student_forward(self, roll: Rollout, embeds: torch.Tensor, s: _Step):
         """The student's exit-step x0 of its rollout and (ODE pairs) of the teacher's path states: one forward."""
         if s.target is None:
             return student_x0(self.m.student_fwd, roll, embeds, self.cfg.cache), None
-        t_exit = [row[k] for row, k in zip(self.schedule, s.exits, strict=True)]
-        ode = Rollout.of(s.ode_inputs.to(self.dev), t_exit, s.target.to(self.dev), self.scheduler,
-                         self.cfg.frames_per_block)
+        ode = self._ode_rollout(s)
         both = student_x0(self.m.student_fwd, roll.cat(ode), torch.cat([embeds, embeds]), self.cfg.cache)
         n = roll.x_exit.shape[0]
         return both[:n], both[n:]
@@ -252,16 +325,27 @@ class _Trainer:
                 reg = torch.nn.functional.mse_loss(x0_ode, s.target.to(x0.device))
                 loss = loss + cfg.regression_weight * reg
                 parts["regression"] = float(reg.detach())
-        m.opt_gen.zero_grad(set_to_none=True)
+        self._step_generator(loss)
+        return {"gen": float(loss.detach()), **parts}
+
+    def _step_generator(self, loss: torch.Tensor) -> None:
+        """Backward, clip, AdamW, then the EMA and the motion head's target."""
+        cfg, m = self.cfg, self.m
+        for opt in m.gen_opts:
+            opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in m.opt_gen.param_groups for p in g["params"]], cfg.grad_clip)
-        m.opt_gen.step()
+        if m.fsdp and m.motion is not None:
+            from .fsdp import average_grads
+
+            average_grads(m.motion.head, self.dist.world)
+        m.clip(m.gen_params())
+        for opt in m.gen_opts:
+            opt.step()
         with torch.no_grad():
             for pe, ps in zip(m.ema.parameters(), m.student.parameters(), strict=True):
                 pe.lerp_(ps, 1 - cfg.ema)
         if m.motion is not None:
             m.motion.update_target()
-        return {"gen": float(loss.detach()), **parts}
 
     def _fake_update(self, x0: torch.Tensor, embeds: torch.Tensor, noise: ScoreNoise) -> float:
         m = self.m
@@ -269,7 +353,7 @@ class _Trainer:
             loss = fake_score_loss(m.fake_fwd, x0.float(), noise, embeds)
         m.opt_fake.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.fake.parameters(), self.cfg.grad_clip)
+        m.clip(m.fake.parameters())
         m.opt_fake.step()
         return float(loss.detach())
 
@@ -285,30 +369,46 @@ class _Trainer:
             self.step, self.losses = int(st["step"]), {k: list(v) for k, v in st["losses"].items()}
             self.timing.update(st.get("timing", {}))
             logger.info("resuming Diagonal Distillation at step %d", self.step)
+        self.saved_at = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether to save now: every ``save_every`` iterations or ``save_every_minutes``, and at the last step."""
+        cfg = self.cfg
+        minutes = cfg.save_every_minutes > 0 and time.monotonic() - self.saved_at >= 60 * cfg.save_every_minutes
+        if self.dist.on:  # every rank must agree (the save has a barrier)
+            flag = torch.tensor([float(minutes)])
+            torch.distributed.all_reduce(flag)
+            minutes = bool(flag.item() > 0)
+        return self.step % cfg.save_every == 0 or self.step == cfg.steps or minutes
 
     def save(self) -> None:
+        st = self.m.state()  # every rank (a collective under FSDP)
         if self.dist.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             tmp = self.state_path.with_suffix(".tmp")
             self.timing["peak_memory_mb"] = max(self.timing["peak_memory_mb"], peak_memory_mb(self.dev))
-            torch.save({**self.m.state(), "step": self.step, "losses": self.losses, "config": self.cfg.to_json(),
+            torch.save({**st, "step": self.step, "losses": self.losses, "config": self.cfg.to_json(),
                         "timing": self.timing},
                        tmp)
             tmp.replace(self.state_path)
-            self._write_student()
+            self._write_student(st)
+        self.saved_at = time.monotonic()
         self.dist.barrier()
 
     def record(self, logs: dict[str, float]) -> None:
         for k, v in logs.items():  # [iteration, value]: the generator's terms are logged on its iterations only
             self.losses.setdefault(k, []).append([self.step, v])
 
-    def _write_student(self) -> Path:
-        """``student.pt`` in Self-Forcing's layout (rank 0; rewritten at every save, so it is the latest)."""
+    def _write_student(self, st: dict) -> Path:
+        """``student.pt`` in Self-Forcing's layout from a full state (rank 0; rewritten at every save)."""
         from ..fixtures.tiny import write_self_forcing_pt
-        from ..toy.dit_train import original_state_dict
+        from ..loaders.wan_keys import diffusers_to_original_key
 
-        return write_self_forcing_pt(self.out / "student.pt", original_state_dict(self.m.student),
-                                     original_state_dict(self.m.ema), self.m.student.config.num_attention_heads)
+        def original(sd: dict) -> dict:
+            return {diffusers_to_original_key(k): v.detach().float().contiguous() for k, v in sd.items()}
+
+        return write_self_forcing_pt(self.out / "student.pt", original(st["student"]), original(st["ema"]),
+                                     self.m.student.config.num_attention_heads)
 
     @property
     def s_per_iter(self) -> float:
@@ -319,9 +419,15 @@ class _Trainer:
 
     def export(self) -> Path:
         path = self.out / "student.pt"
+        st = self.m.state()  # every rank (a collective under FSDP)
+        measured = {}
+        if self.m.fsdp:  # what FSDP2 holds per rank, beside memory_plan's estimate (a collective)
+            from .fsdp import shard_bytes
+
+            measured = {"fsdp_bytes_per_rank": shard_bytes(self.m, self.dist.world)}
         if self.dist.rank == 0:
-            self._write_student()
-            info = {"command": "python -m sdvg train diagonal", "config": self.cfg.to_json(), "steps": self.step,
+            self._write_student(st)
+            info = {**measured, "command": "python -m sdvg train diagonal", "config": self.cfg.to_json(), "steps": self.step,
                     "world_size": self.dist.world, "s_per_iter": self.s_per_iter, "peak_memory_mb": self.peak_mb(),
                     "schedule": self.schedule, "losses": self.losses}
             (self.out / "train.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
@@ -339,13 +445,34 @@ def peak_memory_mb(dev: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def train_diagonal(cfg: DiagonalTrainConfig, *, progress: Callable[[dict], None] | None = None) -> TrainResult:
-    """Train (or resume) a Diagonal Distillation student; see the module docstring."""
+def _stop_now(stop: Callable[[], bool] | None, dist: _Dist) -> bool:
+    """Whether ``stop()`` asks to end the run; under torchrun any rank's signal stops every rank at the same step."""
+    asked = bool(stop is not None and stop())
+    if not dist.on:
+        return asked
+    flag = torch.tensor([float(asked)])
+    torch.distributed.all_reduce(flag)
+    return bool(flag.item() > 0)
+
+
+def train_diagonal(cfg: DiagonalTrainConfig, *, progress: Callable[[dict], None] | None = None,
+                   notify: Callable[[str], None] | None = None,
+                   stop: Callable[[], bool] | None = None) -> TrainResult:
+    """Train (or resume) a Diagonal Distillation student; see the module docstring.
+
+    ``notify`` gets one-line messages for the user (resuming, stopping); ``stop()`` is asked after every iteration
+    (the CLI's signal handler): when it says yes the state is saved and the result says ``interrupted``."""
     cfg.validate()
+    say = notify if notify is not None else logger.info
     dev = _device(cfg)
     dist = _Dist(dev)
     tr = _Trainer(cfg, dev, dist)
     tr.resume()
+    start = tr.step
+    if start and dist.rank == 0:
+        say(f"resuming from step {start} of {cfg.steps} ({tr.state_path})" if start < cfg.steps else
+            f"already trained to step {start} ({tr.state_path}); --max-steps more than {start} trains on")
+    interrupted = False
     while tr.step < cfg.steps:
         t0 = time.perf_counter()
         logs = dist.mean(tr.iteration(tr.step))
@@ -355,7 +482,13 @@ def train_diagonal(cfg: DiagonalTrainConfig, *, progress: Callable[[dict], None]
         tr.record(logs)
         if progress is not None and dist.rank == 0:
             progress({"step": tr.step, "steps": cfg.steps, **logs, "s_per_iter": tr.s_per_iter})
-        if tr.step % cfg.save_every == 0 or tr.step == cfg.steps:
+        interrupted = _stop_now(stop, dist)
+        if interrupted or tr.due():
             tr.save()
+        if interrupted:
+            if dist.rank == 0:
+                say(f"stopped at step {tr.step} of {cfg.steps}; state saved to {tr.state_path} "
+                    "(rerun the same command to resume)")
+            break
     student = tr.export()
-    return TrainResult(student, tr.state_path, tr.step, tr.losses, tr.s_per_iter, tr.peak_mb())
+    return TrainResult(student, tr.state_path, tr.step, tr.losses, tr.s_per_iter, tr.peak_mb(), interrupted, start)

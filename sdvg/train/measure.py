@@ -61,16 +61,24 @@ def _video(models, s: Sampling, caption: str, seed: int, num_blocks: int):
     return SpeculativeSampler(models, RouterConfig(mode=mode), cfg.validate()).run(caption)
 
 
+def _mean_ci(values: list[float], name: str) -> dict:
+    lo, hi = bootstrap_ci(values, lambda xs: sum(xs) / len(xs))
+    return {name: sum(values) / len(values), f"{name}_lo": lo, f"{name}_hi": hi}
+
+
 def measure(models_for, s: Sampling, prompts: list[str], seeds: list[int], *, num_blocks: int = 3,
-            per_block: bool = False) -> dict:
-    """One row: judge mean and 95 % interval, smoothness, motion amplitude, seconds per video (and, with
-    ``per_block``, the judge on each 3-block window by its last block)."""
+            per_block: bool = False, reference: Sampling | None = None) -> dict:
+    """One row: judge mean and 95 % interval, the ungated attribute accuracy, object-frame rate and palette fit
+    beside it, smoothness, motion amplitude, seconds per video (with ``per_block``, the judge on each 3-block window
+    by its last block; with ``reference``, the judge's agreement with the reference's video from the same seed)."""
     import time
 
-    from ..toy.judge import judge
+    from ..toy.judge import agreement, judge
 
     models = models_for(s.drafter)
+    ref_models = models_for(reference.drafter) if reference is not None else None
     accs, motion, smooth, secs = [], [], [], []
+    extra: dict[str, list[float]] = {"ungated": [], "object_frames": [], "palette": [], "agreement": []}
     windows: dict[int, list[float]] = {}
     for seed in seeds:
         for caption in prompts:
@@ -79,6 +87,12 @@ def measure(models_for, s: Sampling, prompts: list[str], seeds: list[int], *, nu
             secs.append(time.perf_counter() - t0)
             v = judge(res.frames, caption)
             accs.append(v.accuracy)
+            extra["ungated"].append(v.ungated)
+            extra["object_frames"].append(v.checks["object_frames"])
+            extra["palette"].append(v.checks["palette"])
+            if reference is not None:
+                ref = _video(ref_models, reference, caption, seed, num_blocks)
+                extra["agreement"].append(agreement(res.frames, ref.frames, caption))
             smooth.append(v.smooth)
             motion.append(motion_amplitude(res.frames))
             if per_block:
@@ -88,7 +102,11 @@ def measure(models_for, s: Sampling, prompts: list[str], seeds: list[int], *, nu
     lo, hi = bootstrap_ci(accs, lambda xs: sum(xs) / len(xs))
     row = {"name": s.name, "judge": sum(accs) / len(accs), "judge_lo": lo, "judge_hi": hi,
            "smooth": sum(smooth) / len(smooth), "motion": sum(motion) / len(motion),
-           "motion_sd": float(torch.tensor(motion).std()), "s_per_video": sum(secs) / len(secs), "n": len(accs)}
+           "motion_sd": float(torch.tensor(motion).std()), "s_per_video": sum(secs) / len(secs), "n": len(accs),
+           "accuracies": accs}
+    for name, values in extra.items():
+        if values:
+            row.update(_mean_ci(values, name))
     if per_block:
         row["by_block"] = {b: sum(v) / len(v) for b, v in windows.items()}
     return row

@@ -83,7 +83,7 @@ def rollout(model: CausalWanTransformer, embeds: torch.Tensor, noise: RolloutNoi
     init = noise.initial
     b, _, f, h, w = init.shape
     dev, dt = model.execution_device, model.compute_dtype
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference mode: FSDP2's gathered parameters must stay ordinary tensors
         cross = model.prepare_cross_attention(embeds.to(dev))
         kv = model.new_kv_cache(batch=b, latent_hw=(h, w), capacity_frames=f)
         xs, x0s, ts, states = [], [], [], []
