@@ -280,12 +280,10 @@ def test_streaming_without_early_exit_consumes_all():
     src = CountingChunks(values, 1)
     rec = Router(RouterConfig(early_exit=False)).decide_streaming(1, src)
     assert src.consumed == 4 and rec.q == pytest.approx(-3.0) and rec.decision == "reject"
-    # mean aggregation never exits early even when asked
-    r = Router(RouterConfig(early_exit=True, aggregation="mean"))
-    assert not r.can_exit_early
-    src = CountingChunks(values, 1)
-    r.decide_streaming(1, src)
-    assert src.consumed == 4
+    # early exit with an aggregation it cannot decide is refused, not silently ignored
+    for bad in ({"aggregation": "mean"}, {"threshold": "target-rate"}, {"mode": "random"}):
+        with pytest.raises(ConfigError, match="Early exit .* decides a block only with mode 'reward'"):
+            RouterConfig(early_exit=True, **bad).validate()
 
 
 def test_streaming_forced_block_scores_nothing():

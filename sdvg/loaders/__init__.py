@@ -4,7 +4,7 @@ LoRA formats, ``inspect``, and the model bundle one generation runs on (``bundle
 from ..facade import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "bundle": "SDVGModels find_model_file load_models roles_needed",
+    "bundle": "SDVGModels find_model_file inspect_dits load_models model_paths roles_needed",
     "from_weights": "dit_from_weights",
     "lora": "LoraSpec parse_lora_arg read_lora",
     "model_info": "describe_model_file",
