@@ -151,9 +151,9 @@ def model_paths(models_dir: str | Path | None, need: Sequence[str], **explicit) 
 
 def _model_paths(need: Sequence[str], explicit: dict, models_dir) -> dict[str, Path]:
     """The file of every role in ``need``; all the missing or misplaced ones named in one error."""
-    unknown = [role for role in need if role not in MODEL_FOLDERS]
-    if unknown or isinstance(need, str):
-        raise ConfigError(f"Unknown model role(s) {unknown or [need]} in need=; the roles are "
+    unknown = [need] if isinstance(need, str) else [role for role in need if role not in MODEL_FOLDERS]
+    if unknown:
+        raise ConfigError(f"Unknown model role(s) {unknown} in need=; the roles are "
                           f"{', '.join(MODEL_FOLDERS)} (a tuple of them, e.g. need=(\"target\", \"vae\")).")
     paths, problems = {}, []
     for role in need:
