@@ -261,6 +261,29 @@ def test_a_target_that_produces_nan_is_an_execution_error_naming_it_and_the_serv
     assert server.alive() and "execution_success" in server.run(tiny_prompt()).types()  # and the next run works
 
 
+def test_a_fault_in_block_3_saves_the_3_finished_blocks_and_shows_the_error_on_the_node(server):
+    """on_fault keep finished blocks (the default): pattern AAAR without a forced block 0 sends block 3 to the NaN
+    target; the node outputs blocks 0-2, SaveVideo saves them, and the error reaches the node's timeline."""
+    from sdvg.outputs.video import read_mp4_frame_count
+
+    prompt = tiny_prompt(blocks=4)
+    node = sampler_id(prompt)
+    prompt[prompt[node]["inputs"]["target"][0]]["inputs"]["model_name"] = "sdvg_nan_target.safetensors"
+    prompt[prompt[node]["inputs"]["router"][0]]["inputs"].update(mode="pattern", pattern="AAAR",
+                                                                  force_reject_first=False)
+    log = server.run(prompt)
+    assert "execution_success" in log.types() and not log.of("execution_error"), server.server_log()[-3000:]
+    assert [e["block"] for e in log.of("sdvg.block")] == [0, 1, 2]
+    (done,) = log.of("sdvg.done")
+    assert "The target produced NaN/inf latents in block 3" in done["fault"]
+    ours = [o for o in log.of("executed") if o["node"] == node]
+    assert ours and "block 3" in ours[0]["output"]["sdvg_timeline"][0]["fault"]
+    saved = [o for o in log.of("executed") if o["output"] and "images" in o["output"] and o["output"].get("animated")]
+    files = [Path(server.tmp) / "out" / i["subfolder"] / i["filename"] for o in saved for i in o["output"]["images"]]
+    assert files and read_mp4_frame_count(files[-1]) == 12 * 3 - 3  # the 3 finished blocks, saved
+    assert server.alive()
+
+
 def test_bad_sampler_settings_are_refused_at_queue_time_before_any_node_runs(server):
     """The sampler's validate_inputs: POST /prompt answers 400 naming the problem, and nothing executes (no model
     loads)."""
