@@ -49,7 +49,7 @@ def _run_with_nan_target_at_block_3(nodes, root, **sampler_kwargs):
                            custom_schedule="1000,750,500,250", pipelined=False, refine_from_step=0, **sampler_kwargs)
 
 
-def test_a_fault_in_block_3_outputs_blocks_0_to_2_with_the_error_on_the_node(tiny_host, tiny_nodes, tiny_root):
+def test_a_fault_in_block_3_outputs_blocks_0_to_2_with_the_error_on_the_node(tiny_host, tiny_nodes, tiny_root):  # noqa: F811
     out = _run_with_nan_target_at_block_3(tiny_nodes, tiny_root)
     images, latent, report = out.args
     data = json.loads(report)
@@ -61,7 +61,7 @@ def test_a_fault_in_block_3_outputs_blocks_0_to_2_with_the_error_on_the_node(tin
     assert "block 3" in out.ui["sdvg_timeline"][0]["fault"]  # the timeline on the node shows it
 
 
-def test_a_fault_with_on_fault_stop_fails_the_prompt(tiny_host, tiny_nodes, tiny_root):
+def test_a_fault_with_on_fault_stop_fails_the_prompt(tiny_host, tiny_nodes, tiny_root):  # noqa: F811
     from sdvg_pack_under_test.sdvg.errors import RunFailed
 
     with pytest.raises(RunFailed, match="NaN/inf latents in block 3"):

@@ -374,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         sys.stderr.write(f"error: file not found: {exc.filename or exc}\n")
         return EXIT_ERROR
+    except (IsADirectoryError, NotADirectoryError, PermissionError) as exc:  # a path given where a file goes
+        sys.stderr.write(f"error: {exc.filename or exc}: {exc.strerror or exc}; give a readable file.\n")
+        return EXIT_ERROR
     except KeyboardInterrupt:
         sys.stderr.write("aborted\n")
         return EXIT_CANCELLED
