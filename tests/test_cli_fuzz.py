@@ -110,6 +110,32 @@ def command_lines(draw) -> list[str]:
     return argv + FORCED.get(path, [])
 
 
+# the valid lane: generate with options drawn from valid values only (toy models, 64×64, 1-2 blocks), so the
+# success paths are fuzzed too; combinations that are still refused (e.g. a pattern of the wrong length) end in 2
+VALID = {
+    "--blocks": ["1", "2"], "--seed": ["0", "7"], "--cache": ["recompute", "global", "noisy"],
+    "--positions": ["absolute", "window"], "--schedule": ["constant", "diagonal", "1000,500"],
+    "--step-noise": ["fresh", "predicted"], "--mode": ["speculative", "target-only", "draft-only", "random"],
+    "--aggregation": ["min", "mean", "quantile"], "--threshold": ["fixed", "relative"], "--tau": ["0.3", "-inf", "inf"],
+    "--refine-from-step": ["1"], "--cascade": ["0", "4"], "--first-frame": ["reencode", "latent"],
+    "--report": ["{t}/o/r.json"], "--timeline": ["{t}/o/t.png"], "--save-latents": ["{t}/o/l.safetensors"],
+    "--frames": ["9", "12"], "--window": ["12"], "--sinks": ["0", "3"],
+}
+FLAGS = ["--pipelined", "--no-force-reject-first", "--early-exit", "--stitch"]
+
+
+@st.composite
+def valid_generate_lines(draw) -> list[str]:
+    argv = ["generate", "--prompt", "a red circle moving right on a black background", "--threads", "1",
+            "--device", "cpu", "--out", "{t}/o/v.mp4"]
+    options = draw(st.lists(st.sampled_from(sorted(VALID)), max_size=5, unique=True))
+    if "--frames" in options and "--blocks" in options:
+        options.remove("--frames")
+    for option in options:
+        argv += [option, draw(st.sampled_from(VALID[option]))]
+    return argv + draw(st.lists(st.sampled_from(FLAGS), max_size=2, unique=True))
+
+
 def tree_state() -> str:
     return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
                           text=True, check=True).stdout
@@ -126,10 +152,24 @@ def place(tmp_path_factory):
     return t
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
 @given(argv=command_lines())
 def test_any_command_line_ends_in_0_or_2_without_a_traceback_or_a_stray_file(place, monkeypatch, argv):
+    check_command(place, monkeypatch, argv)
+
+
+@settings(FUZZ, max_examples=max(1, EXAMPLES // 12))  # about 1.5 s each: 8 runs of the toy models
+@given(argv=valid_generate_lines())
+def test_valid_generate_lines_run_and_end_in_0_or_2(place, monkeypatch, argv):
+    assert check_command(place, monkeypatch, argv) in (0, 2)
+
+
+def check_command(place, monkeypatch, argv: list[str]) -> int:
+    """Run one command line; assert the guarantees; return its exit code."""
     from sdvg.toy import toy_tree
 
     monkeypatch.chdir(place)  # relative outputs land here
@@ -150,3 +190,4 @@ def test_any_command_line_ends_in_0_or_2_without_a_traceback_or_a_stray_file(pla
     assert "Traceback" not in text, (argv, text[-2000:])
     assert tree_state() == before, (argv, "wrote into the repository")
     assert elapsed < EXAMPLE_SECONDS, (argv, elapsed)
+    return code

@@ -21,6 +21,7 @@ import torch
 
 from tests.host import build_workflows, comfy_server
 from tests.host.core_nodes import CORE_NODES
+from tests.host.faulty_models import write_nan_target
 from tests.host.schema_checks import node_problems, widget_inputs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,11 +50,7 @@ def models_dir(tmp_path_factory):
     save_file({"model." + k: v for k, v in random_original_state_dict(config, seed=99).items()},
               str(root / "diffusion_models" / "sdvg_other_text_dim.safetensors"),
               metadata={META_NUM_HEADS: str(config["num_attention_heads"])})
-    # a target whose output head is NaN: a fault in the middle of a run
-    broken = random_original_state_dict(TINY_TARGET_CONFIG, seed=4321)
-    broken["head.head.bias"] = broken["head.head.bias"] * float("nan")
-    save_file({"model." + k: v for k, v in broken.items()}, str(root / "diffusion_models" / "sdvg_nan_target.safetensors"),
-              metadata={META_NUM_HEADS: str(TINY_TARGET_CONFIG["num_attention_heads"])})
+    write_nan_target(root)  # a target whose output head is NaN: a fault in the middle of a run
     # a DiT core's Load Diffusion Model detects (unprefixed original keys, head dim 128, freq dim 256, text dim 4096)
     # and a text encoder as wide as its text embedding
     from sdvg.fixtures.tiny import write_tiny_text_encoder

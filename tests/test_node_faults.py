@@ -9,22 +9,8 @@ import json
 
 import pytest
 
+from tests.host.faulty_models import NAN_TARGET, write_nan_target
 from tests.test_nodes import tiny_host, tiny_nodes, tiny_root  # noqa: F401 - fixtures
-
-NAN_TARGET = "sdvg_nan_target.safetensors"
-
-
-def write_nan_target(models_dir) -> None:
-    """A valid tiny target whose output head is NaN: every block it makes is a fault."""
-    from safetensors.torch import save_file
-
-    from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, random_original_state_dict
-    from sdvg.loaders.wan_keys import META_NUM_HEADS
-
-    broken = random_original_state_dict(TINY_TARGET_CONFIG, seed=4321)
-    broken["head.head.bias"] = broken["head.head.bias"] * float("nan")
-    save_file({"model." + k: v for k, v in broken.items()}, str(models_dir / "diffusion_models" / NAN_TARGET),
-              metadata={META_NUM_HEADS: str(TINY_TARGET_CONFIG["num_attention_heads"])})
 
 
 def _run_with_nan_target_at_block_3(nodes, root, **sampler_kwargs):
