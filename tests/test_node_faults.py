@@ -1,7 +1,7 @@
 """A fault in the middle of a sampler node's run (stub host): with ``on_fault: keep finished blocks`` (the default)
 the node outputs the blocks finished before it, the report says partial and names the fault, and the error reaches
 the node (its ``sdvg.done`` event and ui timeline); with ``stop`` the prompt fails as any node error does. The real
-hosts: tests/test_host_comfyui.py."""
+hosts: tests/test_host_comfyui.py. And an empty prompt, refused by SDVG Text Encode."""
 
 from __future__ import annotations
 
@@ -52,3 +52,12 @@ def test_a_fault_with_on_fault_stop_fails_the_prompt(tiny_host, tiny_nodes, tiny
 
     with pytest.raises(RunFailed, match="NaN/inf latents in block 3"):
         _run_with_nan_target_at_block_3(tiny_nodes, tiny_root, on_fault="stop")
+
+
+def test_an_empty_prompt_is_refused_by_text_encode(tiny_host, tiny_nodes):  # noqa: F811
+    from sdvg_pack_under_test.sdvg.errors import ConfigError
+
+    te = tiny_nodes["SDVGTextEncoderLoader"].execute(model_name="sdvg_tiny_umt5.safetensors", device="cpu",
+                                                     dtype="fp32")[0]
+    with pytest.raises(ConfigError, match="SDVG Text Encode's prompt is empty; describe the video"):
+        tiny_nodes["SDVGTextEncode"].execute(prompt=" \n ", text_encoder=te)
