@@ -276,3 +276,20 @@ def test_every_output_file_follows_the_users_umask(tiny_dir, tmp_path):
     files = [tmp_path / v for v in outs.values()] + [p for p in (tmp_path / "tiny").rglob("*") if p.is_file()]
     assert len(files) > 8
     assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: "0o640" for f in files}
+
+
+def test_the_disk_space_check_names_the_estimate_the_free_space_and_what_fits(tmp_path):
+    from sdvg.cli.preflight import check_disk_space, estimated_mp4_bytes
+    from sdvg.errors import ConfigError
+    from sdvg.outputs import plan_outputs
+    from sdvg.sampling import SamplerConfig
+
+    config = SamplerConfig(num_blocks=1000, width=832, height=480, keep_output=False).validate()
+    plan = plan_outputs({"video": tmp_path / "v.mp4", "latents": tmp_path / "l.safetensors"})
+    mp4 = estimated_mp4_bytes(12 * 1000 - 3, 832, 480)
+    assert mp4 == int(11997 * 832 * 480 * 0.3 / 8)  # 0.3 bit per pixel: about 171 MiB for 1000 blocks
+    latents = 1000 * 3 * 16 * 60 * 104 * 4
+    check_disk_space(plan, config, free=lambda folder: mp4 + latents)  # exactly fits: runs
+    with pytest.raises(ConfigError, match=r"need about .*\(--out 171\.3 MiB \(estimated\), --save-latents 1\.1 GiB\) "
+                                          r"but .* has 1\.0 GiB free; .* \(about 779 fit\)"):
+        check_disk_space(plan, config, free=lambda folder: 2**30)

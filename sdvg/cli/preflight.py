@@ -9,7 +9,9 @@ from pathlib import Path
 
 from .. import FRAMES_PER_BLOCK, LATENT_CHANNELS, ConfigError, pixel_frames_for_blocks
 
-# H.264 at crf 18 (yuv420p): about this many bits per pixel of a natural 480p video; the mp4 size estimate uses it
+# H.264 at crf 18 (yuv420p): the bits per pixel the mp4 size estimate assumes for a natural 480p video. An assumption,
+# not measured on real models (none here); measured at 64×64 (6 blocks, 69 frames): the toy world 0.43, the random
+# tiny models' noise 2.5 — noise-like video needs far more than the estimate, so the check refuses only clear cases
 MP4_BITS_PER_PIXEL = 0.3
 MIB = 2**20
 
