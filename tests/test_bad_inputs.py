@@ -293,3 +293,21 @@ def test_the_disk_space_check_names_the_estimate_the_free_space_and_what_fits(tm
     with pytest.raises(ConfigError, match=r"need about .*\(--out 171\.3 MiB \(estimated\), --save-latents 1\.1 GiB\) "
                                           r"but .* has 1\.0 GiB free; .* \(about 779 fit\)"):
         check_disk_space(plan, config, free=lambda folder: 2**30)
+
+
+def test_block_lines_reach_a_pipe_while_the_run_is_still_going(tiny_dir, tmp_path):
+    """stdout a pipe (a log, `| tee`): block 0's line arrives while the other 39 blocks are still being made."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sdvg", "generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu",
+         "--threads", "1", "--blocks", "40", "--mode", "target-only", "--out", str(tmp_path / "v.mp4")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        first = proc.stdout.readline()
+        still_running = proc.poll() is None
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert first.startswith("  block 0: forced  by target") and still_running
