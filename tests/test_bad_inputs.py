@@ -210,17 +210,27 @@ def test_legal_but_suspicious_inputs_run_and_say_what_happened(tiny_dir, tmp_pat
     assert "Traceback" not in err and (tmp_path / "v.mp4").is_file()
 
 
+# `python -m sdvg` with the import of the CLI made slow (a finder that sleeps when sdvg.cli.commands is imported,
+# after saying so): the SIGINT then lands inside that import, wherever the machine's speed would put it
+_SLOW_IMPORT = """import runpy, sys, time
+class SlowImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sdvg.cli.commands":
+            sys.stderr.write("importing\\n"); sys.stderr.flush(); time.sleep(60)
+sys.meta_path.insert(0, SlowImport())
+sys.argv = ["sdvg", "inspect", "nothing.safetensors"]
+runpy.run_module("sdvg", run_name="__main__", alter_sys=True)
+"""
+
+
 def test_ctrl_c_while_the_cli_imports_exits_130_without_a_traceback():
-    """SIGINT a fraction of a second after start lands while torch and the package import (seconds): exit 130,
-    one line, no traceback."""
     import signal
     import subprocess
     import sys
-    import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "sdvg", "inspect", "nothing.safetensors"], stderr=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_IMPORT], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr.readline() == "importing\n"
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

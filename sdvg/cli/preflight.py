@@ -21,7 +21,7 @@ def check_rope_length(source, need, config) -> None:
     before anything loads, from the DiT files' headers."""
     from ..loaders import inspect_dits, model_paths
 
-    paths = model_paths(source.models_dir, [r for r in need if r in ("target", "drafter")], **source.files)
+    paths = model_paths(source.models_dir, need, **source.files)  # every file checked, as loading would check them
     for info in inspect_dits(paths).values():
         config.cache.policy().check_length(config.num_blocks * FRAMES_PER_BLOCK,
                                            int(info.config.get("rope_max_seq_len", 1024)))
