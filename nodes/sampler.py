@@ -195,16 +195,15 @@ class SDVGSpeculativeSampler(io.ComfyNode):
             stack.enter_context(_parked_after((drafter, target)))
             _bring_models(config, sampler.router_config, models, (drafter, target, vae, reward))
             result, fault = _run(sampler, conditioning, start, stream, keep_on_fault=on_fault == ON_FAULT[0])
-            cancelled = result.partial and fault is None
-            if cancelled and not keep:
+            if result.partial and keep and fault is None:
+                _host.clear_interrupt()  # the graph goes on with the finished blocks
+                logger.warning("cancelled: returning the %d finished block(s)", len(result.blocks))
+            elif result.partial and fault is None:
                 _host.raise_if_interrupted()  # ComfyUI's InterruptProcessingException: the host marks it interrupted
             report = result.report()
             if fault is not None:
                 report["fault"] = fault
             stream.done(report)
-            if cancelled:  # after done(): its last previews pass the progress hook, which puts a pending Cancel back
-                _host.clear_interrupt()  # the graph goes on with the finished blocks
-                logger.warning("cancelled: returning the %d finished block(s)", len(result.blocks))
         return io.NodeOutput(*node_outputs(result, vae.model), json.dumps(to_jsonable(report), indent=1),
                              ui=stream.ui())
 
