@@ -228,8 +228,10 @@ def test_ctrl_c_while_the_cli_imports_exits_130_without_a_traceback():
     import subprocess
     import sys
 
+    # a pytest-xdist worker ignores SIGINT and a child inherits that (then Python installs no Ctrl-C handler): the
+    # child starts with the default disposition, as from a terminal
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_IMPORT], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr.readline() == "importing\n"
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
