@@ -68,6 +68,7 @@ class SDVGTextEncode(io.ComfyNode):
     @classmethod
     def execute(cls, prompt: str, text_encoder=None, conditioning=None) -> io.NodeOutput:
         from ..sdvg import ConfigError
+        from ..sdvg.sampling import check_prompt
 
         if conditioning is not None:
             if not prompt.strip():
@@ -81,6 +82,7 @@ class SDVGTextEncode(io.ComfyNode):
                 "SDVG Text Encode needs a text encoder: connect SDVG Load UMT5 Text Encoder, or a CONDITIONING from "
                 "CLIPTextEncode (with CLIPLoader type 'wan')."
             )
+        check_prompt(prompt, "SDVG Text Encode's prompt")  # an empty prompt would generate from no text, silently
         _models.use([text_encoder.managed])  # on its device through ComfyUI (which may evict it again later)
         embeds = text_encoder.model.encode(prompt)
         return io.NodeOutput(SDVGConditioning(embeds=embeds.detach(), prompt=prompt, source="sdvg"))

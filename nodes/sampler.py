@@ -43,6 +43,9 @@ IMAGE_WARN_BYTES = 4 * 2**30
 ON_CANCEL = ["stop", "keep finished blocks"]
 # every widget default is the engine's field default (refine_from_step: 0 is the widget's "off", the engine's None)
 _S, _C = SamplerConfig, CacheConfig
+# a fault (NaN, out of memory, a model error) in block b: output blocks 0..b-1 with the error on the node, or fail the
+# prompt (execution_error) as ComfyUI does for any node error; a fault in block 0 leaves nothing to keep and fails
+ON_FAULT = ["keep finished blocks", "stop"]
 
 
 def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
@@ -147,6 +150,7 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 io.Combo.Input("on_cancel", options=ON_CANCEL, default="stop", tooltip="What Cancel does. stop: ComfyUI's usual interrupt, the prompt ends and nothing downstream runs. keep finished blocks: the sampler stops after the current step and outputs the blocks it finished (the report says partial), so a SaveVideo after it still saves them."),
                 io.Combo.Input("profile", options=list(PROFILES), default=DEFAULT_PROFILE, tooltip="sdvg: our defaults. reference: the SDVG authors' exact behaviour (Krea's 5-step schedule with the t = 0 tail step, Krea's streaming VAE decoder, block 0 shown as 6 frames, target-rate statistics pooled across videos (one node run is one video, so here that changes nothing), ImageReward on uint8 PIL frames) to reproduce their numbers; see docs/REFERENCE.md. Which weights of a .pt load is the loader's business."),
                 io.Combo.Input("step_noise", options=list(STEP_NOISES), default=_S.step_noise, tooltip="Between denoising steps the block is re-noised. fresh: with the block's own fresh noise (Self-Forcing, Krea: distilled few-step models; the paper). predicted: with the noise the model predicts, i.e. Euler steps of the flow ODE, for flow-matching models that were not distilled, such as the toy world's (with fresh noise their predictions stay a blurry average)."),
+                io.Combo.Input("on_fault", options=ON_FAULT, default=ON_FAULT[0], optional=True, tooltip="What a fault in the middle of a run does (a model producing NaN, out of memory, a model error in block b). keep finished blocks: the sampler outputs blocks 0…b−1 (the report says partial and names the fault), the error is shown on this node, and the graph goes on, so a SaveVideo after it saves them. stop: the prompt fails with the error (ComfyUI's execution_error) and nothing downstream runs. A fault in block 0 always fails: there is nothing to keep."),
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="All frames [N, H, W, 3], for CreateVideo / SaveVideo."),
@@ -176,8 +180,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
     def execute(cls, vae, conditioning, router, seed: int, blocks: int, width: int, height: int, cache: str,
                 schedule: str, custom_schedule: str, pipelined: bool, refine_from_step: int, on_cancel: str = "stop",
                 profile: str = DEFAULT_PROFILE, positions: str = _C.positions, step_noise: str = _S.step_noise,
-                drafter: DiTHandle | None = None,
-                target: DiTHandle | None = None, reward=None, start=None) -> io.NodeOutput:
+                drafter: DiTHandle | None = None, target: DiTHandle | None = None, reward=None, start=None,
+                on_fault: str = ON_FAULT[0]) -> io.NodeOutput:
         from ..sdvg.sampling import SpeculativeSampler
 
         config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
@@ -196,8 +200,11 @@ class SDVGSpeculativeSampler(io.ComfyNode):
             stream.start(config.width, config.height, router)
             stack.enter_context(_parked_after((drafter, target)))
             _bring_models(config, sampler.router_config, models, (drafter, target, vae, reward))
-            result = _streamed_run(sampler, conditioning, start, stream, keep)
+            result, fault = _streamed_run(sampler, conditioning, start, stream, keep,
+                                          keep_on_fault=on_fault == ON_FAULT[0])
             report = result.report()
+            if fault is not None:
+                report["fault"] = fault
             stream.done(report)
         return io.NodeOutput(*node_outputs(result, vae.model), json.dumps(to_jsonable(report), indent=1),
                              ui=stream.ui())
@@ -213,22 +220,31 @@ def _run_models(router, drafter: DiTHandle | None, target: DiTHandle | None, vae
                       vae=vae.model, reward=getattr(reward, "model", None))
 
 
-def _streamed_run(sampler, conditioning, start, stream: BlockStream, keep: bool):
-    """One run, each block streamed to the canvas. Cancel ends the prompt, or (``keep``) the graph goes on with the
-    finished blocks."""
+def _streamed_run(sampler, conditioning, start, stream: BlockStream, keep: bool, *, keep_on_fault: bool):
+    """One run, each block streamed to the canvas → (result, fault message or None). Cancel ends the prompt, or
+    (``keep``) the graph goes on with the finished blocks; a fault after at least one finished block is kept
+    (``keep_on_fault``): its blocks are the result and the message goes on the node."""
+    from ..sdvg import RunFailed
     from ..sdvg.sampling import InitBlocks
 
     prompt, embeds = conditioning.sampler_prompt()
     init = start if isinstance(start, InitBlocks) else None
     video = start if start is not None and init is None else None
-    result = sampler.run(prompt, prompt_embeds=embeds, init=init, video=video, on_block=stream.block,
-                         on_step=stream.step, cancel=_host.processing_interrupted)
+    try:
+        result = sampler.run(prompt, prompt_embeds=embeds, init=init, video=video, on_block=stream.block,
+                             on_step=stream.step, cancel=_host.processing_interrupted)
+    except RunFailed as exc:
+        if not keep_on_fault or not exc.result.blocks:
+            raise
+        logger.error("SDVG: %s Returning the %d finished block(s) (on_fault: keep finished blocks).", exc,
+                     len(exc.result.blocks))
+        return exc.result, str(exc)
     if result.partial and keep:
         _host.clear_interrupt()  # the graph goes on with the finished blocks
         logger.warning("cancelled: returning the %d finished block(s)", len(result.blocks))
     elif result.partial:
         _host.raise_if_interrupted()  # ComfyUI's InterruptProcessingException: the host marks it interrupted
-    return result
+    return result, None
 
 
 def warn_large_image(config) -> None:

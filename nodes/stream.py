@@ -142,6 +142,8 @@ class BlockStream:
         self._flush(self.encoder.close())
         report.setdefault("node", {})["preview_dropped"] = self.encoder.dropped
         done = {"totals": to_jsonable(report.get("totals")), "wall_s": round(time.perf_counter() - self.started, 3)}
+        if report.get("fault"):  # a fault kept the finished blocks: the node shows the error
+            done["fault"] = str(report["fault"])
         self._summary.update(done)
         _host.send_event(EVENT_DONE, {**self.ids, **done})
 

@@ -15,7 +15,7 @@ from .errors import CancelledError, ConfigError, ModelFileError, NonFiniteError,
 from .facade import lazy_exports
 
 __getattr__, __dir__, _lazy = lazy_exports(__name__, {
-    "blocks": "FRAMES_PER_BLOCK blocks_for_frames pixel_frames_for_blocks",
+    "blocks": "FRAMES_PER_BLOCK LATENT_CHANNELS blocks_for_frames pixel_frames_for_blocks",
     "devices": "AUX_DTYPES DIT_DTYPES parse_dtype resolve_device set_cpu_threads",
     "jsonable": "json_float to_jsonable",
 })

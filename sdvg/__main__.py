@@ -8,6 +8,12 @@ import sys
 # costs nothing and leaves no worker to join. Set before anything imports numpy, unless the user chose a value.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .cli.commands import main  # noqa: E402
+from .cli.exits import EXIT_CANCELLED  # noqa: E402 - no torch: a module of constants
+
+try:  # Ctrl-C while torch and the rest import (seconds): a plain exit 130, not a traceback out of some import
+    from .cli.commands import main
+except KeyboardInterrupt:
+    sys.stderr.write("aborted\n")
+    sys.exit(EXIT_CANCELLED)
 
 sys.exit(main())

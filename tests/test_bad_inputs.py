@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
+import struct
+import zlib
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import save_file
 
 from sdvg.cli.commands import main
@@ -103,6 +107,24 @@ CASES = [
     ("bench", BENCH + ["--only", "nothing"], "no row or group named 'nothing'"),
     ("bench", BENCH + ["--json", "{t}/b.txt"], "--json {t}/b.txt: the file must end in .json"),
     ("bench", BENCH + ["--plot", "{t}/dir.mp4"], "the file must end in .png (got '.mp4')"),
+    # the second pass (#28): inputs that ran without a word, or with a misleading message
+    ("inputs", ["generate", "--prompt", "", "--models", "{models}", *OUT], "--prompt is empty; describe the video"),
+    ("inputs", ["generate", "--prompt", " \t\n ", "--models", "{models}", *OUT], "--prompt is empty"),
+    ("inputs", GEN + OUT + ["--init-image", "{t}/bomb.png"], "its header claims more pixels than an image can safely"),
+    ("inputs", GEN + OUT + ["--init-image", "{t}/one.png"], "is 1×1 but the output is 64×64; resize it to 64×64"),
+    ("inputs", GEN + OUT + ["--init-image", "{t}/big.png"], "is 128×96 but the output is 64×64; pass --width 128 "
+                                                            "--height 96, or resize it"),
+    ("inputs", GEN + OUT + ["--target-lora", "{t}/model.safetensors:abc"], "the strength after ':' must be a number, "
+                                                                          "got 'abc'"),
+    ("inputs", GEN + OUT + ["--early-exit", "--aggregation", "mean"], "Early exit (stop scoring at the first frame "
+                                                                     "below τ) decides a block only with mode 'reward', "
+                                                                     "aggregation 'min'"),
+    ("inputs", GEN + OUT + ["--early-exit", "--threshold", "target-rate"], "got threshold 'target-rate'"),
+    ("inputs", GEN + OUT + ["--cache", "global", "--blocks", "400"], "exceed the RoPE range of 1024 frames"),
+    ("inputs", GEN + OUT + ["--blocks", "10000000", "--width", "2048", "--height", "2048"],
+     "This run's outputs need about"),
+    ("inputs", GEN + OUT + ["--reward", "{t}/headless/sdvg_tiny_image_reward.pt"],
+     "attention head counts cannot be read from the weights' shapes"),
 ]
 
 
@@ -119,7 +141,22 @@ def place(tiny_dir, tmp_path_factory):
     (t / "latin.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     (t / "p.txt").write_text("a fox\n")
     save_file({"w": torch.zeros(2)}, str(t / "model.safetensors"))
+    (t / "bomb.png").write_bytes(png_header(100_000, 100_000))
+    Image.new("RGB", (1, 1)).save(t / "one.png")
+    Image.new("RGB", (128, 96)).save(t / "big.png")
+    (t / "headless").mkdir()  # a reward checkpoint that is not the official one, without its .config.json
+    for name in ("sdvg_tiny_image_reward.pt", "sdvg_tiny_image_reward.vocab.txt"):
+        shutil.copy(tiny_dir / "image_reward" / name, t / "headless" / name)
     return {"t": str(t), "models": str(tiny_dir)}
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A 100-byte PNG whose header claims ``width × height`` (its one data chunk holds a few bytes of pixels)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 
 
 @pytest.mark.parametrize(("kind", "argv", "message"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
@@ -138,5 +175,152 @@ def test_every_bad_input_exits_2_with_its_own_message(place, kind, argv, message
 def test_the_sweep_covers_every_class_more_than_once():
     kinds = [c[0] for c in CASES]
     counts = {k: kinds.count(k) for k in set(kinds)}
-    assert set(counts) == {"outputs", "settings", "argparse", "devices", "model files", "eval", "bench"}
+    assert set(counts) == {"outputs", "settings", "argparse", "devices", "model files", "eval", "bench", "inputs"}
     assert min(counts.values()) >= 6 and len(CASES) >= 70
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_an_unknown_model_role_names_the_valid_ones(tiny_dir):
+    from sdvg.errors import ConfigError
+    from sdvg.loaders import load_models
+
+    with pytest.raises(ConfigError, match=r"Unknown model role\(s\) \['foo'\] in need=; the roles are drafter, "
+                                          r"target, vae, text_encoder, reward"):
+        load_models(tiny_dir, need=("foo",))
+    with pytest.raises(ConfigError, match=r"Unknown model role\(s\) \['target'\]"):  # a bare string, not a tuple
+        load_models(tiny_dir, need="target")
+
+
+def test_legal_but_suspicious_inputs_run_and_say_what_happened(tiny_dir, tmp_path, caplog):
+    """A prompt past the text encoder's 512 tokens is cut (said, with where), and a drafter larger than its target
+    (the two files swapped) runs with a warning; the run itself succeeds."""
+    words = " ".join(f"word{i}" for i in range(10_000))
+    code, out, err = run_cli(["generate", "--prompt", words, "--models", str(tiny_dir), "--device", "cpu",
+                              "--blocks", "2", "--threads", "1", "--drafter", str(tiny_dir / TARGET),
+                              "--target", str(tiny_dir / DRAFTER), "--out", str(tmp_path / "v.mp4")])
+    assert code == 0, err
+    said = caplog.text  # the CLI's warnings go through logging (to stderr outside pytest)
+    assert "prompt truncated to 512 tokens (it has 40001" in said and "the words after about" in said
+    assert "is larger than the target" in said and "were --drafter and --target swapped?" in said
+    assert "Traceback" not in err and (tmp_path / "v.mp4").is_file()
+
+
+# `python -m sdvg` with the import of the CLI made slow (a finder that sleeps when sdvg.cli.commands is imported,
+# after saying so): the SIGINT then lands inside that import, wherever the machine's speed would put it
+_SLOW_IMPORT = """import runpy, sys, time
+class SlowImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sdvg.cli.commands":
+            sys.stderr.write("importing\\n"); sys.stderr.flush(); time.sleep(60)
+sys.meta_path.insert(0, SlowImport())
+sys.argv = ["sdvg", "inspect", "nothing.safetensors"]
+runpy.run_module("sdvg", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_while_the_cli_imports_exits_130_without_a_traceback():
+    import signal
+    import subprocess
+    import sys
+
+    # a pytest-xdist worker ignores SIGINT and a child inherits that (then Python installs no Ctrl-C handler): the
+    # child starts with the default disposition, as from a terminal
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_IMPORT], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stderr.readline() == "importing\n"
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip() == "aborted" and "Traceback" not in err
+
+
+class _Recording(io.StringIO):
+    """A non-terminal stream that records what was written before each flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed: list[str] = []
+
+    def flush(self) -> None:
+        self.flushed.append(self.getvalue())
+
+
+def test_the_progress_bar_is_fixed_width_with_an_eta_and_block_lines_are_flushed_as_they_finish():
+    from types import SimpleNamespace
+
+    from sdvg.cli.progress import BAR_WIDTH, Progress
+    from sdvg.outputs import block_line
+
+    record = SimpleNamespace(to_dict=lambda: {"block": 0, "decision": "accept", "produced_by": "drafter", "drafted": True,
+                                              "q": 0.5, "reason": "q ≥ τ", "timings": {"draft": 0.2}})
+    err, out, now = _Recording(), _Recording(), [0.0]
+    progress = Progress(1_000_000, block_line, stream=err, out=out, clock=lambda: now[0])
+    for block in (0, 1, 499_999):
+        now[0] += 2.0
+        progress.block(SimpleNamespace(block=block, record=record))
+        assert out.flushed and out.flushed[-1] == out.getvalue()  # the block's stdout line is out at once
+    lines = err.getvalue().splitlines()
+    assert len({len(line.split("]")[0]) for line in lines}) == 1 and max(map(len, lines)) < 100
+    assert lines[-1].startswith("[" + "#" * (BAR_WIDTH // 2) + "." * (BAR_WIDTH // 2) + "] 500000/1000000")
+    assert "blocks/s, 6s elapsed, ~" in lines[-1] and lines[-1].endswith("left")
+    assert len(out.getvalue().splitlines()) == 3 and "block 0: accept" in out.getvalue()
+
+
+def test_every_output_file_follows_the_users_umask(tiny_dir, tmp_path):
+    """Video, report, timeline, latents and frames (safetensors writes 0600 itself) and make-tiny's files."""
+    import os
+
+    old = os.umask(0o027)
+    try:
+        outs = {"--out": "v.mp4", "--report": "r.json", "--timeline": "t.png", "--save-latents": "l.safetensors",
+                "--save-frames": "f.safetensors"}
+        argv = ["generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu", "--blocks", "1"]
+        code, _out, err = run_cli(argv + [a for k, v in outs.items() for a in (k, str(tmp_path / v))])
+        assert code == 0, err
+        assert run_cli(["make-tiny", str(tmp_path / "tiny")])[0] == 0
+    finally:
+        os.umask(old)
+    files = [tmp_path / v for v in outs.values()] + [p for p in (tmp_path / "tiny").rglob("*") if p.is_file()]
+    assert len(files) > 8
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: "0o640" for f in files}
+
+
+def test_the_disk_space_check_names_the_estimate_the_free_space_and_what_fits(tmp_path):
+    from sdvg.cli.preflight import check_disk_space, estimated_mp4_bytes
+    from sdvg.errors import ConfigError
+    from sdvg.outputs import plan_outputs
+    from sdvg.sampling import SamplerConfig
+
+    config = SamplerConfig(num_blocks=1000, width=832, height=480, keep_output=False).validate()
+    plan = plan_outputs({"video": tmp_path / "v.mp4", "latents": tmp_path / "l.safetensors"})
+    mp4 = estimated_mp4_bytes(12 * 1000 - 3, 832, 480)
+    assert mp4 == int(11997 * 832 * 480 * 0.3 / 8)  # 0.3 bit per pixel: about 171 MiB for 1000 blocks
+    latents = 1000 * 3 * 16 * 60 * 104 * 4
+    check_disk_space(plan, config, free=lambda folder: mp4 + latents)  # exactly fits: runs
+    with pytest.raises(ConfigError, match=r"need about .*\(--out 171\.3 MiB \(estimated\), --save-latents 1\.1 GiB\) "
+                                          r"but .* has 1\.0 GiB free; .* \(about 779 fit\)"):
+        check_disk_space(plan, config, free=lambda folder: 2**30)
+
+
+def test_block_lines_reach_a_pipe_while_the_run_is_still_going(tiny_dir, tmp_path):
+    """stdout a pipe (a log, `| tee`): block 0's line arrives while the other 39 blocks are still being made."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sdvg", "generate", "--prompt", "x", "--models", str(tiny_dir), "--device", "cpu",
+         "--threads", "1", "--blocks", "40", "--mode", "target-only", "--out", str(tmp_path / "v.mp4")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        first = proc.stdout.readline()
+        still_running = proc.poll() is None
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert first.startswith("  block 0: forced  by target") and still_running

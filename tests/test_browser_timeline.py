@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.host import build_workflows, comfy_server
+from tests.host.faulty_models import NAN_TARGET, write_nan_target
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -40,6 +41,7 @@ def server(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("models")
     make_tiny(root)
+    write_nan_target(root)
     srv = comfy_server.ComfyServer(root).start()
     srv.post("/settings/Comfy.TutorialCompleted", True)
     srv.post("/settings/Comfy.Minimap.Visible", False)  # keeps the screenshot clear
@@ -170,6 +172,30 @@ def test_timeline_comes_back_when_the_run_is_fully_cached(server, page):
     again = page.evaluate("() => [...document.querySelectorAll('.sdvg-tl-cell')].map(c => c.dataset.kind)")
     assert again == first and page.evaluate("() => window.__sdvgBlocks") == 0  # rebuilt from the cache alone
     assert "·" in page.evaluate("() => document.querySelector('.sdvg-tl-stats').textContent")
+
+
+_FAULT_AT_BLOCK_3 = """(nan) => { const g = app.graph._nodes, set = (n, k, v) => { n.widgets.find(w => w.name === k).value = v; };
+    const get = (n, k) => n.widgets.find(w => w.name === k).value;
+    set(g.find(n => n.type === 'SDVGModelLoader' && get(n, 'model_name') === 'sdvg_tiny_target.safetensors'),
+        'model_name', nan);
+    const r = g.find(n => n.type === 'SDVGRewardRouter');
+    set(r, 'mode', 'pattern'); set(r, 'pattern', 'AAAR'); set(r, 'force_reject_first', false);
+    set(g.find(n => n.type === 'SDVGSpeculativeSampler'), 'blocks', 4); }"""
+
+
+def test_a_fault_shows_in_red_on_the_node_with_the_finished_blocks(server, page):
+    """on_fault keep finished blocks: pattern AAAR sends block 3 to the NaN target; the timeline keeps blocks 0-2 and
+    shows the error on the node."""
+    _load_tiny(page)
+    page.evaluate(_FAULT_AT_BLOCK_3, NAN_TARGET)
+    page.evaluate("() => app.queuePrompt(0, 1)")
+    page.wait_for_function("() => document.querySelector('.sdvg-tl-stats.fault')", timeout=180000)
+    text = page.evaluate("() => document.querySelector('.sdvg-tl-stats').textContent")
+    assert "The target produced NaN/inf latents in block 3" in text and "kept 3 block(s)" in text, text
+    assert page.evaluate("() => document.querySelectorAll('.sdvg-tl-cell[data-kind]').length") == 3
+    color = page.evaluate("() => getComputedStyle(document.querySelector('.sdvg-tl-stats')).color")
+    assert color == "rgb(255, 123, 114)", color  # the fault red
+    assert not [e for e in page.errors if "sdvg" in e.lower()], page.errors
 
 
 def test_removing_the_node_releases_its_listeners(server, page):

@@ -110,7 +110,7 @@ def test_a_stop_signal_writes_the_partial_video_and_report(tiny_dir, tmp_path, s
     )
     try:
         for line in proc.stderr:
-            if "block 2/40" in line:
+            if " 2/40 " in line:  # the progress line of block 2
                 proc.send_signal(getattr(signal, signame))
                 break
         stdout, err = proc.communicate(timeout=300)

@@ -21,6 +21,7 @@ import torch
 
 from tests.host import build_workflows, comfy_server
 from tests.host.core_nodes import CORE_NODES
+from tests.host.faulty_models import write_nan_target
 from tests.host.schema_checks import node_problems, widget_inputs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,11 +50,7 @@ def models_dir(tmp_path_factory):
     save_file({"model." + k: v for k, v in random_original_state_dict(config, seed=99).items()},
               str(root / "diffusion_models" / "sdvg_other_text_dim.safetensors"),
               metadata={META_NUM_HEADS: str(config["num_attention_heads"])})
-    # a target whose output head is NaN: a fault in the middle of a run
-    broken = random_original_state_dict(TINY_TARGET_CONFIG, seed=4321)
-    broken["head.head.bias"] = broken["head.head.bias"] * float("nan")
-    save_file({"model." + k: v for k, v in broken.items()}, str(root / "diffusion_models" / "sdvg_nan_target.safetensors"),
-              metadata={META_NUM_HEADS: str(TINY_TARGET_CONFIG["num_attention_heads"])})
+    write_nan_target(root)  # a target whose output head is NaN: a fault in the middle of a run
     # a DiT core's Load Diffusion Model detects (unprefixed original keys, head dim 128, freq dim 256, text dim 4096)
     # and a text encoder as wide as its text embedding
     from sdvg.fixtures.tiny import write_tiny_text_encoder
@@ -259,6 +256,29 @@ def test_a_target_that_produces_nan_is_an_execution_error_naming_it_and_the_serv
     assert error["exception_type"].endswith("RunFailed")
     assert "The target produced NaN/inf latents in block 0" in error["exception_message"]
     assert server.alive() and "execution_success" in server.run(tiny_prompt()).types()  # and the next run works
+
+
+def test_a_fault_in_block_3_saves_the_3_finished_blocks_and_shows_the_error_on_the_node(server):
+    """on_fault keep finished blocks (the default): pattern AAAR without a forced block 0 sends block 3 to the NaN
+    target; the node outputs blocks 0-2, SaveVideo saves them, and the error reaches the node's timeline."""
+    from sdvg.outputs.video import read_mp4_frame_count
+
+    prompt = tiny_prompt(blocks=4)
+    node = sampler_id(prompt)
+    prompt[prompt[node]["inputs"]["target"][0]]["inputs"]["model_name"] = "sdvg_nan_target.safetensors"
+    prompt[prompt[node]["inputs"]["router"][0]]["inputs"].update(mode="pattern", pattern="AAAR",
+                                                                  force_reject_first=False)
+    log = server.run(prompt)
+    assert "execution_success" in log.types() and not log.of("execution_error"), server.server_log()[-3000:]
+    assert [e["block"] for e in log.of("sdvg.block")] == [0, 1, 2]
+    (done,) = log.of("sdvg.done")
+    assert "The target produced NaN/inf latents in block 3" in done["fault"]
+    ours = [o for o in log.of("executed") if o["node"] == node]
+    assert ours and "block 3" in ours[0]["output"]["sdvg_timeline"][0]["fault"]
+    saved = [o for o in log.of("executed") if o["output"] and "images" in o["output"] and o["output"].get("animated")]
+    files = [Path(server.tmp) / "out" / i["subfolder"] / i["filename"] for o in saved for i in o["output"]["images"]]
+    assert files and read_mp4_frame_count(files[-1]) == 12 * 3 - 3  # the 3 finished blocks, saved
+    assert server.alive()
 
 
 def test_bad_sampler_settings_are_refused_at_queue_time_before_any_node_runs(server):

@@ -82,7 +82,7 @@ def test_router_slider_and_sampler_widgets(nodes):
     sampler = stub.node_info(nodes["SDVGSpeculativeSampler"])["input"]
     assert sampler["required"]["seed"][1]["control_after_generate"] is True
     assert sampler["required"]["width"][1]["step"] == 16 and sampler["required"]["height"][1]["step"] == 16
-    assert set(sampler["optional"]) == {"drafter", "target", "reward", "start"}
+    assert set(sampler["optional"]) == {"drafter", "target", "reward", "start", "on_fault"}
     assert sampler["hidden"]["unique_id"] == ["UNIQUE_ID"]
 
 

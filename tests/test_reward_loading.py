@@ -61,11 +61,15 @@ def test_safetensors_copy_scores_identically(tiny_reward, tiny_reward_path, tmp_
     assert torch.equal(model.score(x, PROMPT), tiny_reward.score(x, PROMPT))
 
 
-def test_heads_default_width_over_64_without_sidecar(tiny_reward_path, tmp_path):
+def test_a_non_official_checkpoint_without_its_head_counts_is_refused(tiny_reward_path, tmp_path):
+    """Shapes cannot tell a head count: the tiny model's 2 heads are in its sidecar; without it, width // 64 would
+    be a silent guess (1 head), so the file is refused naming the sidecar to write."""
     shutil.copy(tiny_reward_path, tmp_path / "m.pt")
     shutil.copy(tiny_reward_path.with_name(tiny_reward_path.stem + ".vocab.txt"), tmp_path / "vocab.txt")
-    model = load_image_reward(tmp_path / "m.pt")
-    assert model.config.vision_heads == 1  # 64 // 64: the sidecar is what carries the tiny model's 2 heads
+    with pytest.raises(ModelFileError, match=r"head counts cannot be read .* Put m\.config\.json beside it"):
+        load_image_reward(tmp_path / "m.pt")
+    (tmp_path / "m.config.json").write_text('{"vision_heads": 2, "text_heads": 12}')
+    assert load_image_reward(tmp_path / "m.pt").config.vision_heads == 2
 
 
 def test_full_size_key_map_parity_on_meta():

@@ -294,12 +294,10 @@ def test_without_early_exit_every_frame_is_scored():
     rec = Router(RouterConfig(early_exit=False)).decide(1, src.scores())
     assert src.whole == 1 and src.consumed == 0 and rec.q == pytest.approx(-3.0) and rec.decision == "reject"
     assert rec.scores == pytest.approx(values)
-    # mean aggregation never exits early even when asked
-    r = Router(RouterConfig(early_exit=True, aggregation="mean"))
-    assert not r.strategy.exits_early(r.config)
-    src = CountingChunks(values, 1)
-    r.decide(1, src.scores())
-    assert src.whole == 1 and src.consumed == 0
+    # early exit with an aggregation it cannot decide is refused, not silently ignored
+    for bad in ({"aggregation": "mean"}, {"threshold": "target-rate"}, {"mode": "random"}):
+        with pytest.raises(ConfigError, match="Early exit .* decides a block only with mode 'reward'"):
+            RouterConfig(early_exit=True, **bad).validate()
 
 
 def test_streaming_forced_block_scores_nothing():

@@ -4,47 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import signal
 import sys
-import time
 from dataclasses import replace
 
 from .. import ConfigError, SDVGError
 from ..sampling import STEP_NOISES, SamplerConfig
 from . import args as cli_args
-
-EXIT_OK, EXIT_ERROR, EXIT_CANCELLED = 0, 2, 130
-
-
-class _Progress:
-    """One status line per block on stderr, redrawn per denoising step."""
-
-    def __init__(self, total: int, stream=None):
-        # sys.stderr looked up now, not at import (a test's captured stream may be closed by then)
-        stream = sys.stderr if stream is None else stream
-        self.total, self.stream, self.start = total, stream, time.perf_counter()
-        self.live = stream.isatty()
-
-    def step(self, ev) -> None:
-        if not self.live:
-            return
-        self.stream.write(f"\r  block {ev.block + 1}/{self.total}  {ev.model:7s} step {ev.step + 1}/{ev.num_steps}   ")
-        self.stream.flush()
-
-    def block(self, ev) -> None:
-        r = ev.record
-        q = f"q={r.q:+.3f}" if r.q is not None and math.isfinite(r.q) else ""
-        done = ev.block + 1
-        bar = "#" * done + "." * (self.total - done)
-        self.stream.write(
-            f"{chr(13) if self.live else ''}[{bar}] block {done}/{self.total}: {r.decision:6s} by {r.produced_by:7s} {q}  "
-            f"({time.perf_counter() - self.start:.1f}s)\n"
-        )
-        self.stream.flush()
-
-
-EXIT_SIGTERM = 143
+from .exits import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK, EXIT_SIGTERM
 
 
 class _StopSignals:
@@ -145,8 +112,10 @@ def _write_outputs(result, plan, log, video: _StreamedVideo) -> list[str]:
 
 def cmd_generate(args) -> int:
     from .. import RunFailed, set_cpu_threads
-    from ..outputs import plan_outputs, summarize
+    from ..outputs import block_line, plan_outputs, summarize
     from ..sampling import SpeculativeSampler
+    from . import inputs, preflight
+    from .progress import Progress
 
     def log(msg: str) -> None:
         sys.stderr.write(msg + "\n")
@@ -158,21 +127,17 @@ def cmd_generate(args) -> int:
     # frames go to --out as they come; only --save-frames/--save-latents need the whole video in RAM
     config = cli_args.sampler_config_from_args(args, source.preset, keep_output=bool(args.save_frames or args.save_latents))
     replace(router, num_blocks=config.num_blocks).validate()  # what depends on the length (a pattern's)
-    prompt = args.prompt
-    if args.prompt_schedule is not None:
-        from ..sampling import PromptSchedule
-
-        prompt = PromptSchedule.parse(args.prompt_schedule, blend_blocks=args.blend_blocks)
-        prompt.check_blocks(config.num_blocks)
-    elif args.blend_blocks:
-        raise ConfigError("--blend-blocks goes with --prompt-schedule.")
-    _check_init_video(args, config)
+    prompt = inputs.check_prompts(args, config.num_blocks)
+    inputs.check_start_frames(args, config)
     plan = plan_outputs({"video": args.out, "report": args.report, "timeline": args.timeline,
                          "latents": args.save_latents, "frames": args.save_frames})
-    models = cli_args.load_from_source(source, args, need=router.roles_needed)
-    video, init = _v2v_video(args, config, models.vae), _init_blocks(args, models.vae)
+    preflight.check_disk_space(plan, config)
+    need = router.roles_needed
+    preflight.check_rope_length(source, need, config)
+    models = cli_args.load_from_source(source, args, need=need)
+    video, init = inputs.v2v_video(args, config, models.vae), inputs.init_blocks(args, models.vae)
     sampler = SpeculativeSampler(models, router, config)
-    progress, fault = _Progress(config.num_blocks), None
+    progress, fault = Progress(config.num_blocks, block_line), None
     stream = _StreamedVideo(plan["video"], config.num_frames)
 
     def on_block(event) -> None:
@@ -190,85 +155,12 @@ def cmd_generate(args) -> int:
                 stream.stream.abort()
             raise
     failures = _write_outputs(result, plan, log, stream)
-    sys.stdout.write(summarize(result.report()) + "\n")
+    sys.stdout.write(summarize(result.report(), blocks=False) + "\n")  # the block lines went out as they finished
     for message in ([fault] if fault else []) + failures:
         log(f"error: {message}")
     if fault or failures:
         return EXIT_ERROR
     return stop.exit_code if result.partial else EXIT_OK
-
-
-def _check_init_video(args, config) -> None:
-    """The starting-frames options, before any model loads: files, sizes and the strength."""
-    from pathlib import Path
-
-    from ..outputs import probe_video
-    from ..sampling import check_strength
-
-    if (args.v2v_video is None) != (args.strength is None):
-        raise ConfigError("--v2v-video and --strength go together (strength 0 = the video itself … 1 = text-to-video).")
-    if args.strength is not None:
-        check_strength(args.strength)
-    for option in ("init_image", "init_video", "init_latents", "v2v_video"):
-        path = getattr(args, option)
-        flag = "--" + option.replace("_", "-")
-        if path is None:
-            continue
-        if not Path(path).is_file():
-            raise ConfigError(f"{flag} {path} does not exist.")
-        if option == "init_latents":
-            continue
-        size = _image_size(path) if option == "init_image" else probe_video(path)
-        if size != (config.width, config.height):
-            raise ConfigError(f"{flag} is {size[0]}×{size[1]} but the output is {config.width}×{config.height}; pass "
-                              f"--width {size[0]} --height {size[1]} (multiples of 16) or resize it.")
-
-
-def _image_size(path) -> tuple[int, int]:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            return img.size
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ConfigError(f"--init-image {path} is not an image file ({exc}).") from exc
-
-
-def _v2v_video(args, config, vae):
-    if args.v2v_video is None:
-        return None
-    from .. import pixel_frames_for_blocks
-    from ..outputs import read_video_frames
-    from ..sampling import VideoToVideo
-
-    frames = read_video_frames(args.v2v_video, pixel_frames_for_blocks(config.num_blocks))
-    return VideoToVideo.from_frames(vae, frames, args.strength, config.num_blocks)
-
-
-def _init_blocks(args, vae):
-    from ..sampling import InitBlocks
-
-    if args.init_latents is not None:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return InitBlocks(load_file(args.init_latents)["latents"])
-        except (SafetensorError, KeyError, OSError) as exc:
-            raise ConfigError(f"--init-latents {args.init_latents} is not a --save-latents file ({exc}).") from exc
-    if args.init_image is not None:
-        import numpy as np
-        import torch
-        from PIL import Image
-
-        with Image.open(args.init_image) as img:
-            frame = torch.from_numpy(np.asarray(img.convert("RGB"))).float().div_(255.0)[None]
-        return InitBlocks.from_frames(vae, frame)
-    if args.init_video is not None:
-        from ..outputs import read_video_frames
-
-        return InitBlocks.from_frames(vae, read_video_frames(args.init_video))
-    return None
 
 
 def add_eval_parser(subparsers) -> None:
@@ -475,16 +367,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        args = build_parser().parse_args(argv)  # builds every subcommand's parser: imports most of the package
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
         return args.func(args)
     except SDVGError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return EXIT_ERROR
     except FileNotFoundError as exc:
         sys.stderr.write(f"error: file not found: {exc.filename or exc}\n")
+        return EXIT_ERROR
+    except (IsADirectoryError, NotADirectoryError, PermissionError) as exc:  # a path given where a file goes
+        sys.stderr.write(f"error: {exc.filename or exc}: {exc.strerror or exc}; give a readable file.\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
         sys.stderr.write("aborted\n")

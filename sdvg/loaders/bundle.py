@@ -118,6 +118,7 @@ def load_models(
 
     explicit = {"drafter": drafter, "target": target, "vae": vae, "text_encoder": text_encoder, "reward": reward}
     paths = _model_paths(need, explicit, models_dir)
+    warn_if_drafter_larger(inspect_dits(paths))
     prepared = _check_loras(loras or {}, paths)
     dit_dev = resolve_device(dit_device, what="DiTs")
     aux_dev = resolve_device(aux_device, what="text encoder, VAE and reward model")
@@ -147,8 +148,18 @@ def load_models(
     )
 
 
+def model_paths(models_dir: str | Path | None, need: Sequence[str], **explicit) -> dict[str, Path]:
+    """The file of every role in ``need`` (``explicit``: role → file or None, as ``load_models`` takes them), checked
+    as ``load_models`` checks them, without reading any."""
+    return _model_paths(need, {role: explicit.get(role) for role in MODEL_FOLDERS}, models_dir)
+
+
 def _model_paths(need: Sequence[str], explicit: dict, models_dir) -> dict[str, Path]:
     """The file of every role in ``need``; all the missing or misplaced ones named in one error."""
+    unknown = [need] if isinstance(need, str) else [role for role in need if role not in MODEL_FOLDERS]
+    if unknown:
+        raise ConfigError(f"Unknown model role(s) {unknown} in need=; the roles are "
+                          f"{', '.join(MODEL_FOLDERS)} (a tuple of them, e.g. need=(\"target\", \"vae\")).")
     paths, problems = {}, []
     for role in need:
         try:
@@ -194,6 +205,22 @@ def _model_path(role: str, explicit: str | Path | None, models_dir: str | Path |
     require_path(path, f"The {role} file {path} does not exist. Fix the path, or put the file in "
                  f"models/{MODEL_FOLDERS[role]}/.")
     return path
+
+
+def inspect_dits(paths: dict[str, Path]) -> dict:
+    """The header of each DiT file among ``paths`` (role → ``DiTCheckpointInfo``); no weight is read."""
+    from .wan import inspect_dit_checkpoint
+
+    return {role: inspect_dit_checkpoint(paths[role]) for role in ("target", "drafter") if role in paths}
+
+
+def warn_if_drafter_larger(infos: dict) -> None:
+    """A drafter with more parameters than its target is legal but almost always the two files swapped: say so."""
+    if "target" in infos and "drafter" in infos and infos["drafter"].num_params > infos["target"].num_params:
+        d, t = infos["drafter"], infos["target"]
+        logger.warning("the drafter %s (%s, %.3gM params) is larger than the target %s (%s, %.3gM params): "
+                       "were --drafter and --target swapped? Speculative decoding saves time only with a small drafter.",
+                       d.path, d.size_label, d.num_params / 1e6, t.path, t.size_label, t.num_params / 1e6)
 
 
 UMT5_XXL_WIDTH = 4096  # d_model of UMT5-XXL = text_dim of every Wan 2.1 DiT

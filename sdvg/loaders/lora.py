@@ -111,6 +111,9 @@ def parse_lora_arg(text: str) -> LoraSpec:
         try:
             strength = float(tail)
         except ValueError:
+            if not Path(text).exists() and not any(c in tail for c in "/\\"):  # no drive colon, no such file
+                raise ConfigError(f"LoRA {text!r}: the strength after ':' must be a number, got {tail!r} (FILE or "
+                                  f"FILE:STRENGTH, e.g. {path}:0.8).") from None
             path, strength = text, 1.0
         else:
             if not math.isfinite(strength):

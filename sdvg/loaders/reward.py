@@ -81,6 +81,26 @@ def _shape(shapes: Mapping[str, tuple[int, ...]], key: str, path: str) -> tuple[
     return tuple(int(s) for s in shapes[key])
 
 
+# (vision width, vision depth, text width, text layers) of the official ImageReward v1.0: BLIP ViT-L/16 + BERT-base,
+# whose attention heads are 64 wide (16 and 12 heads); shapes cannot tell a head count, so only these get the default
+OFFICIAL_SHAPES = (1024, 24, 768, 12)
+
+
+def _check_heads_known(given: set[str], shapes: tuple[int, int, int, int], path: str) -> None:
+    """The head counts come from the config (sidecar or metadata), or from the shapes when they are the official
+    checkpoint's; any other checkpoint without them is refused (a guessed head count scores silently wrong)."""
+    missing = {"vision_heads", "text_heads"} - given
+    if not missing or shapes == OFFICIAL_SHAPES:
+        return
+    stem = Path(path).stem
+    raise ModelFileError(
+        f"{path}: an ImageReward checkpoint that is not the official one (vision {shapes[0]} wide × {shapes[1]} "
+        f"layers, text {shapes[2]} wide × {shapes[3]} layers) and has no config giving {', '.join(sorted(missing))}: "
+        "attention head counts cannot be read from the weights' shapes, and a guess scores silently wrong. Put "
+        f"{stem}.config.json beside it, e.g. {{\"vision_heads\": {max(1, shapes[0] // 64)}, \"text_heads\": "
+        f"{max(1, shapes[2] // 64)}}} with the counts it was trained with.")
+
+
 def infer_config(
     shapes: Mapping[str, tuple[int, ...]], *, overrides: Mapping | None = None, path: str = "checkpoint"
 ) -> ImageRewardConfig:
@@ -315,6 +335,8 @@ def load_image_reward(
         vision, text = build_modules(cfg)
     model = ImageReward(cfg, tokenizer, vision=vision, text=text)
     _assign(model, mapped, path)
+    _check_heads_known(set(ImageRewardConfig.heads_from(overrides)),
+                       (cfg.vision_width, cfg.vision_depth, cfg.text_hidden, cfg.text_layers), str(path))
     model.to(device=target_device, dtype=target_dtype)
     model.mlp.float()
     model.eval()

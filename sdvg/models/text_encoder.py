@@ -8,6 +8,7 @@ and Hugging Face layouts, the tokenizer beside them or inside) are read by ``loa
 from __future__ import annotations
 
 import html
+import logging
 import re
 from collections import OrderedDict
 
@@ -18,6 +19,7 @@ from ..errors import ConfigError, ModelFileError
 __all__ = ["TextEncoder", "LocalTokenizer", "clean_prompt"]
 
 MAX_LENGTH = 512
+logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -62,6 +64,11 @@ class LocalTokenizer:
         else:
             raise ValueError("LocalTokenizer needs spiece bytes or a tokenizer.json text")
 
+    def decode_tail(self, ids: list[int], words: int = 5) -> str:
+        """The last few words of what ``ids`` say (where a truncated prompt stops)."""
+        text = self._sp.decode(ids) if self._sp is not None else self._tk.decode(ids)
+        return " ".join(text.split()[-words:])
+
     def ids(self, text: str, max_length: int = MAX_LENGTH) -> list[int]:
         text = clean_prompt(text)
         if self._sp is not None:
@@ -71,6 +78,9 @@ class LocalTokenizer:
             if not ids or ids[-1] != self.eos_id:
                 ids.append(self.eos_id)
         if len(ids) > max_length:
+            logger.warning("prompt truncated to %d tokens (it has %d; the text encoder reads at most %d): the words "
+                           "after about %r are not seen", max_length, len(ids), max_length,
+                           self.decode_tail(ids[: max_length - 1]))
             ids = ids[: max_length - 1] + [self.eos_id]
         return ids
 

@@ -112,6 +112,31 @@ def temp_beside(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
 
 
+def user_file_mode() -> int:
+    """The mode every file SDVG writes gets: ``0o666`` less the user's umask, what ``open()`` gives a new file (0644
+    under the usual umask 022). Some writers (safetensors) create 0600 files of their own; :func:`apply_user_mode`
+    puts them under the same rule."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask can only read by setting, racing other threads' files)
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_user_mode(path: str | os.PathLike) -> None:
+    """Give a written file the user's mode (:func:`user_file_mode`), whatever mode its writer created it with."""
+    os.chmod(path, user_file_mode())
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """``write(tmp)`` a temporary file beside ``path`` (same extension, so writers that look at it still work), then
     rename it onto ``path``. On any failure the temporary file is removed and the old ``path`` is untouched."""
@@ -120,6 +145,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
     tmp = temp_beside(path)
     try:
         write(tmp)
+        apply_user_mode(tmp)  # every output under one permission rule, whatever its writer's own
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -44,8 +44,8 @@ def _threshold_text(router: dict) -> str:
     return f"τ={router.get('tau')}"
 
 
-def summarize(report: dict) -> str:
-    """A few readable lines: settings, acceptance, speed and one line per block."""
+def summarize(report: dict, *, blocks: bool = True) -> str:
+    """A few readable lines: settings, acceptance, speed and (``blocks``) one line per block (:func:`block_line`)."""
     s, t = report.get("settings", {}), report.get("totals", {})
     router = s.get("router", {})
     lines = [
@@ -62,14 +62,19 @@ def summarize(report: dict) -> str:
         + (f"; est. target-only {t['est_target_only_s']:.2f}s" if t.get("est_target_only_s") else "")
         + (f"; speedup ≈ {t['speedup_est']:.2f}×" if t.get("speedup_est") else "")
     )
-    for b in report.get("blocks", []):
-        q = from_json_float(b.get("q"))
-        qtxt = f"q={q:+.3f}" if q is not None and math.isfinite(q) else "q=—"
-        timing = ", ".join(f"{k} {v * 1000:.0f}ms" for k, v in b.get("timings", {}).items() if v >= 0.0005)
-        if b.get("prompt"):
-            lines.append(f"  -- prompt from block {b['block']}: {b['prompt']}")
-        lines.append(f"  block {b['block']}: {block_kind(b):7s} by {b['produced_by']:7s} {qtxt}  {b['reason']}  [{timing}]")
+    if blocks:
+        lines += [block_line(b) for b in report.get("blocks", [])]
     return "\n".join(lines)
+
+
+def block_line(b: dict) -> str:
+    """One block of a report (a ``BlockRecord.to_dict()``): outcome, model, q, reason and timings (and the prompt
+    line before it where a prompt timeline switches)."""
+    q = from_json_float(b.get("q"))
+    qtxt = f"q={q:+.3f}" if q is not None and math.isfinite(q) else "q=—"
+    timing = ", ".join(f"{k} {v * 1000:.0f}ms" for k, v in b.get("timings", {}).items() if v >= 0.0005)
+    head = f"  -- prompt from block {b['block']}: {b['prompt']}\n" if b.get("prompt") else ""
+    return f"{head}  block {b['block']}: {block_kind(b):7s} by {b['produced_by']:7s} {qtxt}  {b['reason']}  [{timing}]"
 
 
 def render_timeline(report: dict, *, width: int = 900, height: int = 300) -> Image.Image:

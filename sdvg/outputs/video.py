@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .files import SDVG_OUTPUT_KEY, temp_beside, write_atomic
+from .files import SDVG_OUTPUT_KEY, apply_user_mode, temp_beside, write_atomic
 
 WAN_FPS = 16
 
@@ -120,6 +120,7 @@ class Mp4Stream:
         enc, self._enc = self._enc, None
         try:
             enc.__exit__(None, None, None)
+            apply_user_mode(self._tmp)
             os.replace(self._tmp, self.path)
         finally:
             with contextlib.suppress(FileNotFoundError):

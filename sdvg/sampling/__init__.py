@@ -8,7 +8,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "conditioning_frames": "InitBlocks VideoToVideo check_strength",
     "config": "SamplerConfig",
     "footprint": "run_memory",
-    "prompt_schedule": "PromptSchedule",
+    "prompt_schedule": "PromptSchedule check_prompt",
     "regimes": "FIRST_FRAME_SOURCES POSITIONS REGIMES CacheConfig",
     "results": "BlockEvent BlockRecord SDVGResult StepEvent",
     "router": "AGGREGATIONS MODES THRESHOLDS RouterConfig RouterMode parse_pattern runs_model",

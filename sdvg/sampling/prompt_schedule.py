@@ -33,6 +33,13 @@ import torch
 from ..errors import ConfigError
 
 
+def check_prompt(prompt, what: str = "--prompt") -> str:
+    """A prompt must say something: an empty or whitespace-only one is refused (it would generate from no text)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ConfigError(f"{what} is empty; describe the video to generate (e.g. \"a fox running through snow\").")
+    return prompt
+
+
 @dataclass(frozen=True)
 class PromptSegment:
     start: int  # the first block of this prompt

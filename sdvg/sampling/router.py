@@ -163,6 +163,13 @@ class RouterConfig:
                               "'reward' with aggregation 'min' and threshold 'fixed' (or the bench's pattern mode).")
         if self.cascade and self.early_exit:
             raise ConfigError("Choose cascade scoring or early exit, not both (both stop scoring at a bad frame).")
+        if self.early_exit is True and not self.strategy.exits_early(self):
+            got = (f"mode {RouterMode(self.mode).value!r}" if RouterMode(self.mode) is not RouterMode.REWARD
+                   else f"aggregation {self.aggregation!r}" if self.aggregation != "min"
+                   else f"threshold {self.threshold!r}")
+            raise ConfigError(f"Early exit (stop scoring at the first frame below τ) decides a block only with mode "
+                              f"'reward', aggregation 'min' and threshold 'fixed'; got {got}. Turn early exit off, or "
+                              "use min with a fixed τ.")
         for name in ("force_reject_first", "early_exit", "score_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Router {name} must be true or false, got {getattr(self, name)!r}.")

@@ -67,8 +67,11 @@ def cmd_train(args) -> int:
 
 
 def cmd_judge(args) -> int:
+    from .. import ConfigError
     from .judge import validate_judge
 
+    if args.n < 1:
+        raise ConfigError(f"--n must be a whole number of clips ≥ 1, got {args.n}.")
     res = validate_judge(args.n)
     sys.stdout.write(f"judge caption accuracy: renders {res['real']:.3f}, uniform noise {res['noise']:.3f}; "
                      f"smoothness: renders {res['real_smooth']:.3f}, noise {res['noise_smooth']:.3f} "
@@ -77,10 +80,20 @@ def cmd_judge(args) -> int:
 
 
 def cmd_sheet(args) -> int:
+    import math
+
+    from .. import ConfigError
+    from ..outputs import OUTPUTS
+    from ..outputs.files import check_output_path
     from .preset import TOY_TAU
     from .sheet import contact_sheet
 
+    check_output_path(args.out, "--out", OUTPUTS["timeline"][1])  # a .png, checked before any video is made
+    if args.captions < 1:
+        raise ConfigError(f"--captions must be a whole number ≥ 1, got {args.captions}.")
     tau = TOY_TAU if args.tau is None else args.tau
+    if math.isnan(tau):
+        raise ConfigError("--tau NaN is not a threshold; give a number (inf = reject all, -inf = accept all).")
     path = contact_sheet(args.out, models_dir=args.models, n_captions=args.captions, tau=tau, seed=args.seed)
     _log(f"wrote {path}")
     return 0

@@ -333,7 +333,8 @@ def _build_modules(host: StubHost) -> dict[str, types.ModuleType]:
             host.progress.append((self.node_id, self.current, self.total))
             if preview is not None:
                 host.previews.append((self.node_id, self.current, self.total, preview))
-            if host.interrupt_after_steps is not None and len(host.progress) >= host.interrupt_after_steps:
+            # the user presses Cancel once, at that update (ComfyUI's flag is set once and consumed by its check)
+            if host.interrupt_after_steps is not None and len(host.progress) == host.interrupt_after_steps:
                 host.interrupted = True
 
         def update(self, value):

@@ -68,6 +68,7 @@ const CSS = `
 .sdvg-tl-line { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; color: #aeb4c4; }
 .sdvg-tl-line.main { color: #e6e8ee; }
 .sdvg-tl-line b { font-weight: 600; }
+.sdvg-tl-stats.fault { color: #ff7b72; font-weight: 600; }
 `;
 
 function ensureStyle() {
@@ -223,6 +224,7 @@ class Timeline {
     this.mode = d.mode || null;
     if (this.rows() > rowsBefore) this.growNode();
     this.title.textContent = `SDVG 0/${this.numBlocks}`;
+    this.showFault(null);
     this.stats.textContent = this.mode ? `mode ${this.mode}` + (this.tau !== null ? `, τ ${fmt(this.tau)}` : "") : "";
     this.render();
   }
@@ -271,7 +273,7 @@ class Timeline {
     }
     if (this.rows() > rowsBefore) this.growNode();
     this.title.textContent = `SDVG ${this.done().length}/${this.numBlocks}`;
-    this.onDone({ node: this.node.id, totals: summary.totals, wall_s: summary.wall_s }, true);
+    this.onDone({ node: this.node.id, totals: summary.totals, wall_s: summary.wall_s, fault: summary.fault }, true);
     this.render();
   }
 
@@ -282,6 +284,14 @@ class Timeline {
     if (typeof t.speedup_est === "number") parts.push(`≈${t.speedup_est.toFixed(2)}× vs target`);
     if (typeof d.wall_s === "number") parts.push(`${d.wall_s.toFixed(1)} s`);
     this.stats.textContent = parts.filter(Boolean).join(" · ");
+    this.showFault(typeof d.fault === "string" ? d.fault : null);
+  }
+
+  // A fault that kept the finished blocks (on_fault: keep finished blocks): the error, in red, on the node.
+  showFault(message) {
+    this.stats.classList.toggle("fault", Boolean(message));
+    this.stats.title = message || "";
+    if (message) this.stats.textContent = `⚠ ${message} (kept ${this.done().length} block(s))`;
   }
 
   done() {
