@@ -16,10 +16,13 @@ from sdvg.toy.world import (
     CLIP_FRAMES,
     all_captions,
     centres,
+    held_out_captions,
     parse_caption,
     render,
     render_batch,
     sample_scene,
+    train_captions,
+    v1_captions,
 )
 
 
@@ -29,7 +32,14 @@ def test_world_is_seeded_and_captions_round_trip():
     assert torch.equal(a, b) and sa == sb
     assert a.shape == (2, CLIP_FRAMES, 64, 64, 3) and 0 <= float(a.min()) and float(a.max()) <= 1
     caps = all_captions()
-    assert len(caps) == len(set(caps)) == 72
+    assert len(caps) == len(set(caps)) == 216
+    held, train = held_out_captions(), train_captions()
+    assert len(held) == 72 and len(train) == 144 and not set(held) & set(train) and set(held) | set(train) == set(caps)
+    for a in ("background", "colour", "shape", "direction"):  # every word is trained on, only combinations are new
+        assert {parse_caption(c)[a] for c in held} == {parse_caption(c)[a] for c in train}
+    assert len(v1_captions()) == 72 and set(v1_captions()) <= set(caps)
+    _, scenes = render_batch(torch.Generator().manual_seed(4), 16, 5, pool=train)
+    assert all(s.caption in train for s in scenes)
     for c in caps[::7]:
         scene = sample_scene(torch.Generator().manual_seed(1), caption=c)
         assert scene.caption == c and parse_caption(c) == scene.attributes()

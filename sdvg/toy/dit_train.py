@@ -26,7 +26,7 @@ from ..loaders.checkpoint import torch_load
 from ..loaders.wan_keys import diffusers_to_original_key, make_config
 from ..models.dit import CausalWanTransformer
 from ..models.patch_vae import PatchVAE
-from .world import CLIP_FRAMES, render_batch
+from .world import CLIP_FRAMES, render_batch, train_captions
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +42,11 @@ class DiTSpec:
     ffn: int
     layers: int
     text_dim: int = 64
+    patch: int = 2  # spatial patch: 2 → 16 tokens a frame on the 8×8 latent, 1 → 64
 
     def config(self) -> dict:
-        return make_config(self.heads, self.head_dim, 16, 16, self.text_dim, 64, self.ffn, self.layers, (1, 2, 2))
+        p = (1, self.patch, self.patch)
+        return make_config(self.heads, self.head_dim, 16, 16, self.text_dim, 64, self.ffn, self.layers, p)
 
 
 @dataclass
@@ -117,8 +119,10 @@ def _context_blocks(gen: torch.Generator) -> int:
 
 
 def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVAE, bank: CaptionBank,
-              work: Path, *, progress: Callable[[dict], None] | None = None) -> CausalWanTransformer:
-    """Train (or resume) one toy DiT; returns its EMA model. State lives in ``work/state_<role>.pt``."""
+              work: Path, *, progress: Callable[[dict], None] | None = None,
+              on_save: Callable[[CausalWanTransformer, int], None] | None = None) -> CausalWanTransformer:
+    """Train (or resume) one toy DiT; returns its EMA model. State lives in ``work/state_<role>.pt``; ``on_save``
+    gets the EMA model and the step after every state save (checkpoint exports)."""
     state_path = work / f"state_{role}.pt"
     model = build_dit(spec, settings.seed)
     ema = copy.deepcopy(model).eval().requires_grad_(False)
@@ -133,9 +137,10 @@ def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVA
         step, losses = int(st["step"]), list(st["losses"])
         logger.info("resuming the toy %s at step %d", role, step)
     t0, first = time.perf_counter(), step
+    pool = train_captions()  # the held-out third of the captions is never drawn
     while step < settings.steps:
         gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-        clips, scenes = render_batch(gen, settings.batch, CLIP_FRAMES)
+        clips, scenes = render_batch(gen, settings.batch, CLIP_FRAMES, pool=pool)
         x0 = encode_clips(vae, clips)
         for g in opt.param_groups:
             g["lr"] = _lr(step, settings)
@@ -154,6 +159,8 @@ def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVA
                       "s_per_step": (time.perf_counter() - t0) / max(1, step - first)})
         if step % settings.save_every == 0 or step == settings.steps:
             _save_state(state_path, model, ema, opt, step, losses, spec, settings)
+            if on_save is not None:
+                on_save(ema, step)
     return ema
 
 
