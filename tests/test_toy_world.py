@@ -11,7 +11,7 @@ import torch
 from sdvg.errors import ConfigError
 from sdvg.loaders.patch_vae import is_patch_vae_file, write_patch_vae
 from sdvg.models.patch_vae import PatchLatentModel, PatchVAE, fit_patch_bases
-from sdvg.toy.judge import judge, judge_metric, validate_judge
+from sdvg.toy.judge import chance_corrected, judge, judge_metric, validate_judge
 from sdvg.toy.world import (
     CLIP_FRAMES,
     all_captions,
@@ -47,6 +47,16 @@ def test_world_is_seeded_and_captions_round_trip():
         parse_caption("a red hexagon moving left on a black background")
     with pytest.raises(ConfigError, match="not a toy-world caption"):
         parse_caption("a fox in the snow")
+
+
+def test_toy_eval_defaults_to_every_held_out_caption_with_two_seeds():
+    from sdvg.toy import toy_eval_items
+
+    prompts, seeds = toy_eval_items()
+    assert len(prompts) == len(seeds) == 144 and set(prompts) == set(held_out_captions())
+    assert sorted(set(zip(prompts, seeds, strict=True))) == sorted((c, s) for c in held_out_captions() for s in (0, 1))
+    quick, qseeds = toy_eval_items(quick=True)
+    assert len(set(quick)) == len(quick) == 8 and set(quick) <= set(held_out_captions()) and set(qseeds) == {0}
 
 
 def test_objects_move_their_way_stay_inside_and_bounce_on_long_clips():
@@ -114,7 +124,14 @@ def test_judge_tells_renders_from_noise_and_flat_fields():
     assert other.accuracy == 0.5
     assert judge(torch.full_like(clip, 0.95), caption).accuracy == 0.0  # a flat field is not a picture
     m = judge_metric((clip * 255).round().to(torch.uint8), caption)
-    assert m["judge"] == 1.0 and m["judge_valid"] == 1.0 and m["judge_smooth"] == 1.0
+    assert m["judge"] == 1.0 and m["judge_valid"] == 1.0 and m["judge_smooth"] == 1.0 and m["judge_chance"] == 1.0
+    # chance-corrected: wrong direction and shape score below zero; guessing rates score exactly zero
+    wrong = judge_metric(clip, "a green circle moving down on a white background")
+    assert wrong["judge_chance"] == pytest.approx(-(0.5 + 1 / 3) / 2)
+    assert chance_corrected(1 / 3, 1 / 4) == pytest.approx(0.0)
+    # the new palette: every held-out caption's render is read right
+    for c in held_out_captions()[::9]:
+        assert judge(render(sample_scene(torch.Generator().manual_seed(2), caption=c)), c).all_correct, c
     # a clip whose object jumps back and forth is still the right picture but not smooth
     jumpy = torch.cat([clip[:8], clip[-8:], clip[8:25]])
     assert judge(jumpy, caption).smooth < 0.95
@@ -209,10 +226,15 @@ def test_eval_world_toy_writes_judge_columns_and_refine_rows(tmp_path):
     from sdvg.cli.commands import main
 
     out = tmp_path / "ev"
-    assert main(["eval", "--world", "toy", "--out", str(out), "--limit", "2", "--taus", "1.25", "--blocks", "2",
-                 "--no-videos", "--device", "cpu"]) == 0
+    assert main(["eval", "--world", "toy", "--quick", "--out", str(out), "--limit", "2", "--taus", "1.25",
+                 "--rates", "0.4", "--blocks", "2", "--no-videos", "--device", "cpu"]) == 0
     rows = list(csv.DictReader((out / "summary.csv").open()))
-    assert {"method", "tau", "acceptance", "speedup", "judge", "judge_lo", "judge_hi"} <= set(rows[0])
-    assert {r["method"] for r in rows} == {"target-only", "draft-only", "target0-draft", "sdvg", "random", "refine"}
+    assert {"method", "tau", "acceptance", "speedup", "speedup_real", "judge", "judge_lo", "judge_hi",
+            "judge_chance"} <= set(rows[0])
+    assert {r["method"] for r in rows} == {"target-only", "draft-only", "target0-draft", "sdvg", "random", "refine",
+                                           "sdvg-rate", "random-rate"}
+    results = list(csv.DictReader((out / "results.csv").open()))
+    assert {r["prompt"] for r in results} <= set(held_out_captions())  # the eval's prompts are held out
+    assert {r["method"] for r in csv.DictReader((out / "paired.csv").open())} == {"sdvg", "sdvg-rate"}
     assert all(0.0 <= float(r["judge_lo"]) <= float(r["judge"]) <= float(r["judge_hi"]) <= 1.0 for r in rows)
     assert (out / "pareto.png").stat().st_size > 1000

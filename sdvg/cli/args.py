@@ -250,3 +250,22 @@ def add_drafter_schedule_args(g) -> None:
                    "the target's")
     g.add_argument("--drafter-step-noise", choices=["fresh", "predicted"], default=None, help="the drafter's own "
                    "step noise (a distilled student: fresh); default: the target's")
+
+
+def eval_world(args) -> dict:
+    """The defaults an evaluation takes from ``--world``: prompts, methods, τ and metrics."""
+    from ..eval import DEFAULT_METHODS, DEFAULT_TAUS, METHODS
+
+    if args.world == "toy":  # the toy models are the default model source anyway
+        from ..toy import TOY_RATE_PRIOR, TOY_RATES, TOY_TAUS, toy_eval_items
+
+        prompts, seeds = toy_eval_items(quick=args.quick)
+        return {"methods": ",".join(METHODS), "taus": ",".join(f"{t:g}" for t in TOY_TAUS),
+                "rates": ",".join(f"{r:g}" for r in TOY_RATES), "rate_router": TOY_RATE_PRIOR,
+                "prompts": prompts, "seeds": seeds, "metrics": ["sdvg.toy.judge:judge_metric"]}
+    if args.quick:
+        raise ConfigError("--quick picks the toy world's short prompt set; use it with --world toy.")
+    if args.prompts is None:
+        raise ConfigError("eval needs --prompts FILE (one prompt per line), or --world toy for the toy world.")
+    return {"methods": ",".join(DEFAULT_METHODS), "taus": ",".join(f"{t:g}" for t in DEFAULT_TAUS), "prompts": [],
+            "metrics": [], "rates": "", "seeds": None, "rate_router": None}

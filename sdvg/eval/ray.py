@@ -44,20 +44,21 @@ class _EvalWorker:
                                    save_videos=save_videos)
         self.warm = not warmup
 
-    def run_prompt(self, pid: int, prompt: str, todo: list, done_rows: list) -> list[dict]:
+    def run_prompt(self, pid: int, prompt: str, todo: list, done_rows: list, seed: int | None = None) -> list[dict]:
         if not self.warm:
             self.runner.warm_up(prompt)
             self.warm = True
-        return list(self.runner.rows(pid, prompt, todo, done_rows))
+        return list(self.runner.rows(pid, prompt, todo, done_rows, seed=seed))
 
 
 def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence[str], out_dir: str | Path, *,
                  taus: Sequence[float], methods: Sequence[str], sampler_config, metric_specs: Sequence[str] = (),
                  actors: int | None = None, retries: int = 2, save_videos: bool = True, warmup: bool = True,
-                 log: Callable[[str], None] | None = None) -> dict:
+                 log: Callable[[str], None] | None = None, seeds: Sequence[int] | None = None) -> dict:
     """The Ray twin of :func:`sdvg.evaluate.evaluate` (same CSV, summary and plot). ``address``: "auto" (the
     cluster in ``RAY_ADDRESS``, else a local one) or a cluster address; ``load_kwargs``: ``load_models``'
-    arguments, ``metric_specs``: ``--metric`` strings (each actor imports them)."""
+    arguments, ``metric_specs``: ``--metric`` strings (each actor imports them); ``seeds``: one per prompt. The
+    target-rate rows (sdvg-rate) are not run on Ray: their threshold pools the scores of one process's videos."""
     from .run import (
         PARETO,
         RESULTS,
@@ -106,7 +107,8 @@ def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence
             pid, w = queue.pop(0), idle.pop(0)
             mine = [r for r in todo if r[0] == pid]
             prior = [r for r in results.rows if r["prompt_id"] == str(pid)]
-            running[workers[w].run_prompt.remote(pid, prompts[pid], mine, prior)] = (pid, w)
+            seed = None if seeds is None else int(seeds[pid])
+            running[workers[w].run_prompt.remote(pid, prompts[pid], mine, prior, seed)] = (pid, w)
 
     submit()
     while running:
