@@ -24,6 +24,7 @@ def build_router_config(
     force_reject_first: bool,
     early_exit: bool,
     pattern: str = "",
+    score_frames: int = 0,
 ):
     """Widget values → ``RouterConfig`` (validated by the engine, so its messages reach the user unchanged)."""
     from ..sdvg.sampling import RouterConfig, parse_pattern
@@ -40,6 +41,7 @@ def build_router_config(
         force_reject_first=bool(force_reject_first),
         early_exit=bool(early_exit),
         pattern=parse_pattern(pattern) if mode == "pattern" else None,
+        score_frames=int(score_frames),
     )
     return config.validate()
 
@@ -109,6 +111,14 @@ class SDVGRewardRouter(io.ComfyNode):
                     optional=True,
                     tooltip="mode pattern only: one letter per drafted block, A = accept, R = reject (e.g. 'AARAAR' for 7 blocks, block 0 being the target's).",
                 ),
+                io.Int.Input(
+                    "score_frames",
+                    default=0,
+                    min=0,
+                    max=64,
+                    optional=True,
+                    tooltip="Score only this many frames spread over each block (first and last among them); the block score aggregates those. 0 = every frame. Cheaper scoring; a bad frame between them goes unseen.",
+                ),
             ],
             outputs=[SDVG_ROUTER.Output(display_name="router", tooltip="The routing rule for SDVG Speculative Sampler.")],
         )
@@ -127,12 +137,14 @@ class SDVGRewardRouter(io.ComfyNode):
         force_reject_first: bool,
         early_exit: bool,
         pattern: str = "",
+        score_frames: int = 0,
     ) -> io.NodeOutput:
         return io.NodeOutput(
             build_router_config(
                 tau=tau, aggregation=aggregation, quantile=quantile, threshold_mode=threshold_mode,
                 target_rate=target_rate, delta=delta, mode=mode, random_rate=random_rate,
                 force_reject_first=force_reject_first, early_exit=early_exit, pattern=pattern,
+                score_frames=score_frames,
             )
         )
 

@@ -111,6 +111,8 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
     r.add_argument("--cascade", type=int, default=0, help="SDVG-hybrid cascade scoring: score K spread frames first; "
                    "one below τ is a safe reject (min, fixed τ; 0 = off)")
+    r.add_argument("--score-frames", type=int, default=0, help="score only K frames spread over each block (the "
+                   "block score aggregates those; 0 = every frame): cheaper scoring, a frame between them goes unseen")
     add_compat_args(p, profile_flag=profile_flag)
 
 
@@ -127,6 +129,7 @@ def router_config_from_args(args, preset: str | None = None) -> RouterConfig:
         mode=mode, tau=tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
         target_rate=args.target_rate, delta=args.delta, force_reject_first=not args.no_force_reject_first,
         random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit, cascade=getattr(args, "cascade", 0),
+        score_frames=getattr(args, "score_frames", 0),
         pattern=parse_pattern(args.pattern) if args.pattern is not None else None,
     ).validate()
 

@@ -29,6 +29,10 @@ is a safe reject (the block's minimum can only be lower), so the rest is never s
 and the block decided on all frames, exactly as full scoring decides it. In pattern mode (the bench) the pattern
 stands in for what the subset finds: a rejected block is scored on the subset only (cascade's best case).
 
+Subset scoring (``score_frames = k``): only ``k`` frames spread over the block (:func:`spread_frames`) are ever
+scored and aggregated (``min``: the worst *scored* frame); unlike cascade it can change decisions (a bad frame
+between them goes unseen) and saves scoring on every block. CLI ``--score-frames``, the router node's input.
+
 Modes without a threshold: ``random`` accepts the i-th drafted block when the i-th draw of ``random.Random(seed)``
 is below ``random_rate``; ``pattern`` accepts it when ``pattern[i]`` is true (an exact, reproducible acceptance
 pattern, e.g. for benchmarks and matched-acceptance baselines). With ``score_drafts`` both still score every draft
@@ -81,6 +85,7 @@ class RouterConfig:
     pattern: tuple[bool, ...] | None = None  # pattern mode: the decision for the i-th drafted block (True = accept)
     score_drafts: bool = False  # random / pattern mode: score every draft anyway (the decision stays the same)
     cascade: int = 0  # SDVG-hybrid cascade scoring: frames scored first (0 = off), see the module notes
+    score_frames: int = 0  # score only this many frames spread over each block (0 = all); see the module notes
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RouterConfig:
@@ -133,14 +138,18 @@ class RouterConfig:
             isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
         ):
             raise ConfigError(f"Router num_blocks must be a positive integer or None, got {self.num_blocks!r}.")
-        if isinstance(self.cascade, bool) or not isinstance(self.cascade, int) or self.cascade < 0:
-            raise ConfigError(f"Router cascade must be a whole number of frames >= 0 (0 = off), got {self.cascade!r}.")
+        for name in ("cascade", "score_frames"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"Router {name} must be a whole number of frames >= 0 (0 = off), got {v!r}.")
         if self.cascade and not (self.mode == "pattern" or (self.mode == "reward" and self.aggregation == "min"
                                                              and self.threshold == "fixed")):
             raise ConfigError("Cascade scoring is a safe reject only for the worst frame against a fixed τ: use mode "
                               "'reward' with aggregation 'min' and threshold 'fixed' (or the bench's pattern mode).")
         if self.cascade and self.early_exit:
             raise ConfigError("Choose cascade scoring or early exit, not both (both stop scoring at a bad frame).")
+        if self.score_frames and self.cascade:
+            raise ConfigError("Choose score_frames (a subset only) or cascade (a subset first, then the rest).")
         for name in ("force_reject_first", "early_exit", "score_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Router {name} must be true or false, got {getattr(self, name)!r}.")
@@ -239,6 +248,11 @@ def to_float_list(scores: Any) -> list[float]:
     return [float(s) for s in scores]
 
 
+def spread_frames(n: int, k: int) -> list[int]:
+    """``k`` frame indices spread evenly over ``0..n-1`` (4 of 12: 0, 4, 7, 11; 1: the middle one)."""
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [n // 2]
+
+
 def quantile(values: Sequence[float], p: float) -> float:
     """Empirical quantile with linear interpolation between order statistics (numpy's default method)."""
     xs = sorted(values)
@@ -305,8 +319,13 @@ class Router:
         k = self.config.cascade
         if not k or k >= n:
             return None
-        first = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [n // 2]
+        first = spread_frames(n, k)
         return first, [i for i in range(n) if i not in set(first)]
+
+    def scored_frames(self, n: int) -> list[int] | None:
+        """The frames of a block of ``n`` scored with ``score_frames = k`` (k spread), None for every frame."""
+        k = self.config.score_frames
+        return spread_frames(n, k) if k and k < n else None
 
     def cascade_stops(self, scores: Any) -> bool:
         """Whether the subset's scores settle the block (a reject) so that the rest need not be scored."""

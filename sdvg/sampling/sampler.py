@@ -363,6 +363,8 @@ class _Run:
         router = self.router
         if not router.needs_scores(block):
             return router.decide(block)
+        subset = router.scored_frames(int(frames.shape[0]))  # score_frames: only these frames are ever scored
+        frames = frames[subset] if subset is not None else frames
         if router.cascade_split(int(frames.shape[0])) is not None:  # SDVG-hybrid: a subset of the frames first
             return router.decide_cascade(block, int(frames.shape[0]),
                                          lambda idx: self.score(block, frames[idx], timings))
