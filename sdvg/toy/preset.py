@@ -84,11 +84,13 @@ def toy_eval_items(quick: bool = False) -> tuple[list[str], list[int]]:
 
 
 def toy_prompts(n: int = TOY_EVAL_PROMPTS, seed: int = 2026) -> list[str]:
-    """``n`` distinct toy captions drawn with a seed (the toy evaluation's prompt set)."""
+    """``n`` distinct captions of the first world (72, the palette the committed models were trained on) drawn with
+    a seed: the contact sheet's and the first evaluation's prompt set (the evaluation now uses
+    :func:`toy_eval_items`)."""
     import torch
 
-    from .world import all_captions
+    from .world import v1_captions
 
-    captions = all_captions()
+    captions = v1_captions()
     order = torch.randperm(len(captions), generator=torch.Generator().manual_seed(seed)).tolist()
     return [captions[i] for i in order[:n]]
