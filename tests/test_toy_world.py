@@ -238,3 +238,14 @@ def test_eval_world_toy_writes_judge_columns_and_refine_rows(tmp_path):
     assert {r["method"] for r in csv.DictReader((out / "paired.csv").open())} == {"sdvg", "sdvg-rate"}
     assert all(0.0 <= float(r["judge_lo"]) <= float(r["judge"]) <= float(r["judge_hi"]) <= 1.0 for r in rows)
     assert (out / "pareto.png").stat().st_size > 1000
+
+
+def test_ema_warms_up_so_early_exports_are_not_the_initial_weights():
+    from sdvg.toy.dit_train import ema_decay
+
+    assert ema_decay(0, 0.998) == pytest.approx(0.1) and ema_decay(90, 0.998) == pytest.approx(0.91)
+    assert ema_decay(10**6, 0.998) == 0.998
+    weight_of_init = 1.0
+    for step in range(500):
+        weight_of_init *= ema_decay(step, 0.998)
+    assert weight_of_init < 1e-3  # a fixed 0.998 leaves 0.998 ** 500 ≈ 0.37

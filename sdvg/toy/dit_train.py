@@ -4,7 +4,8 @@ The training forward is the project's own ``CausalWanTransformer.forward_train``
 Each step draws fresh scenes (seeded by the step, so a resumed run sees the same data), encodes them with the patch
 latent model and trains on one noisy block after 0–2 *clean* blocks of context, the way the sampler runs: its
 cache holds the earlier blocks re-run at t = 0. The noisy block gets one σ ~ U(0, 1) per clip and the loss is the
-MSE of the predicted flow ``ε − x0`` on that block. An EMA of the weights is what gets exported.
+MSE of the predicted flow ``ε − x0`` on that block. An EMA of the weights (decay warmed up to ``ema``,
+:func:`ema_decay`) is what gets exported.
 
 State (``state_<role>.pt``: weights, EMA, optimiser, step, losses) is written every ``save_every`` steps and at the
 end, so ``train`` resumes where a run stopped.
@@ -108,6 +109,12 @@ def _lr(step: int, s: DiTTrainSettings) -> float:
     return s.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def ema_decay(step: int, target: float) -> float:
+    """The EMA's decay at ``step``: warmed up as (1 + step) / (10 + step) up to ``target``, so an export taken early
+    is not mostly the random initial weights (a fixed 0.998 still weighs them 37 % after 500 steps)."""
+    return min(target, (1 + step) / (10 + step))
+
+
 def _context_blocks(gen: torch.Generator) -> int:
     u = float(torch.rand((), generator=gen))
     acc = 0.0
@@ -149,9 +156,10 @@ def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVA
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        decay = ema_decay(step, settings.ema)
         with torch.no_grad():
             for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
-                pe.lerp_(pm, 1 - settings.ema)
+                pe.lerp_(pm, 1 - decay)
         step += 1
         losses.append(loss.item())
         if progress is not None:
