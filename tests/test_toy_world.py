@@ -169,6 +169,8 @@ def test_toy_train_smoke_writes_real_formats_that_load_and_generate(tmp_path):
         assert (out / rel).is_file(), rel
     stamp = json.loads((out / "sdvg_toy.json").read_text())
     assert stamp["command"] == "python -m sdvg toy train" and stamp["stages"]["target"]["steps"] == 20
+    assert stamp["stages"]["target"]["command"] == (f"python -m sdvg toy train --out {out} --work {work} "
+                                                    "--max-steps 20 --threads 1")
     for role in ("target", "drafter"):
         losses = torch_load(work / f"state_{role}.pt")["losses"]
         assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, (role, losses)

@@ -60,7 +60,12 @@ def cmd_train(args) -> int:
                  f"{d['s_per_step']:.2f} s/step  ~{left / 60:.0f} min left")
 
     cfg = ToyTrainConfig().scaled(args.max_steps)
-    paths = train_toy(args.out, args.work, config=cfg, stages=stages, progress=progress)
+    given = [(flag, value) for flag, value in (("--out", args.out if args.out != str(TOY_DIR) else None),
+                                               ("--work", args.work), ("--stages", args.stages),
+                                               ("--max-steps", args.max_steps), ("--threads", args.threads))
+             if value is not None]
+    command = " ".join(["python -m sdvg toy train", *(f"{f} {v}" for f, v in given)])
+    paths = train_toy(args.out, args.work, config=cfg, stages=stages, progress=progress, command=command)
     for role, path in paths.items():
         sys.stdout.write(f"{role:13s} {path}{'' if Path(path).exists() else ' (not trained yet)'}\n")
     return 0

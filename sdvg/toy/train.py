@@ -50,7 +50,7 @@ class ToyTrainConfig:
     # patch 1×1: 64 tokens a frame (at patch 2×2 — 16 tokens, one per 16×16 px — the first target ignored shape words)
     target: DiTSpec = field(default_factory=lambda: DiTSpec(heads=2, head_dim=64, ffn=512, layers=4, patch=1))
     drafter: DiTSpec = field(default_factory=lambda: DiTSpec(heads=2, head_dim=32, ffn=256, layers=2, patch=1))
-    target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=2800, batch=8, seed=11))
+    target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=1900, batch=8, seed=11))
     drafter_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=2000, batch=8, seed=12))
     critic_steps: int = 1500
 
@@ -106,7 +106,8 @@ def _export_dit(role: str, model, spec: DiTSpec, path: Path, work: Path) -> None
 
 
 def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTrainConfig | None = None,
-              stages: tuple[str, ...] = STAGES, progress: Callable[[dict], None] | None = None) -> dict[str, Path]:
+              stages: tuple[str, ...] = STAGES, progress: Callable[[dict], None] | None = None,
+              command: str = "python -m sdvg toy train") -> dict[str, Path]:
     """Run the stages into the models tree ``out`` (states in ``work``; default: ``<out>_work`` beside it, or for the
     committed tree the cache folder's ``toy-train``, so nothing is written into the package but the models)."""
     cfg = config or ToyTrainConfig()
@@ -142,7 +143,8 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
             from .critic_train import train_critic
 
             train_critic(paths, cfg, work, progress=progress)
-        log[stage] = {"seconds": round(time.perf_counter() - t0, 1), **_stage_info(stage, cfg, work)}
+        log[stage] = {"seconds": round(time.perf_counter() - t0, 1), "command": command,
+                      **_stage_info(stage, cfg, work)}
         _write_stamp(out, cfg, log)
     return paths
 
