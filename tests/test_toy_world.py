@@ -251,3 +251,29 @@ def test_ema_warms_up_so_early_exports_are_not_the_initial_weights():
     for step in range(500):
         weight_of_init *= ema_decay(step, 0.998)
     assert weight_of_init < 1e-3  # a fixed 0.998 leaves 0.998 ** 500 ≈ 0.37
+
+
+def test_a_dit_stage_warm_starts_from_an_exported_checkpoint(patch_vae, tmp_path):
+    from sdvg.fixtures.tiny import write_krea_safetensors
+    from sdvg.loaders.checkpoint import torch_load
+    from sdvg.toy.dit_train import CaptionBank, DiTSpec, DiTTrainSettings, original_state_dict, train_dit
+    from sdvg.toy.world import train_captions
+
+    gen = torch.Generator().manual_seed(0)
+    bank = CaptionBank(lambda c: torch.randn(1, 8, 64, generator=gen), train_captions())
+    spec = DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=1)
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    first = train_dit("target", spec, DiTTrainSettings(steps=2, batch=1, save_every=2, warmup=1), patch_vae, bank,
+                      tmp_path / "a")
+    export = write_krea_safetensors(tmp_path / "ckpt.safetensors", original_state_dict(first), spec.heads)
+    # nothing left to train: the model is the export (bf16 in the file)
+    same = train_dit("target", spec, DiTTrainSettings(steps=2, batch=1, save_every=2, warmup=1), patch_vae, bank,
+                     tmp_path / "b", warm_start=(export, 2))
+    for (k, a), b in zip(first.state_dict().items(), same.state_dict().values(), strict=True):
+        assert torch.equal(a.to(torch.bfloat16).float(), b), k
+    # one more step from the export: training continues at step 2 and writes its own state
+    train_dit("target", spec, DiTTrainSettings(steps=3, batch=1, save_every=1, warmup=1), patch_vae, bank,
+              tmp_path / "c", warm_start=(export, 2))
+    st = torch_load(tmp_path / "c" / "state_target.pt")
+    assert st["step"] == 3 and len(st["losses"]) == 1

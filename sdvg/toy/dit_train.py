@@ -127,22 +127,19 @@ def _context_blocks(gen: torch.Generator) -> int:
 
 def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVAE, bank: CaptionBank,
               work: Path, *, progress: Callable[[dict], None] | None = None,
-              on_save: Callable[[CausalWanTransformer, int], None] | None = None) -> CausalWanTransformer:
+              on_save: Callable[[CausalWanTransformer, int], None] | None = None,
+              warm_start: tuple[Path, int] | None = None) -> CausalWanTransformer:
     """Train (or resume) one toy DiT; returns its EMA model. State lives in ``work/state_<role>.pt``; ``on_save``
-    gets the EMA model and the step after every state save (checkpoint exports)."""
+    gets the EMA model and the step after every state save (checkpoint exports). ``warm_start`` (an exported
+    DiT file and its step), used only when there is no state: weights and EMA start from the file and training
+    continues at that step (same data and learning-rate schedule) with fresh optimiser moments — the resume from
+    a committed checkpoint, not bit-exact (the exact one needs the state)."""
     state_path = work / f"state_{role}.pt"
     model = build_dit(spec, settings.seed)
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                             betas=(0.9, 0.99))
-    step, losses = 0, []
-    if state_path.is_file():
-        st = torch_load(state_path)
-        model.load_state_dict(st["model"])
-        ema.load_state_dict(st["ema"])
-        opt.load_state_dict(st["opt"])
-        step, losses = int(st["step"]), list(st["losses"])
-        logger.info("resuming the toy %s at step %d", role, step)
+    step, losses = _restore(role, state_path, model, ema, opt, warm_start)
     t0, first = time.perf_counter(), step
     pool = train_captions()  # the held-out third of the captions is never drawn
     while step < settings.steps:
@@ -170,6 +167,27 @@ def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVA
             if on_save is not None:
                 on_save(ema, step)
     return ema
+
+
+def _restore(role: str, state_path: Path, model, ema, opt, warm_start: tuple[Path, int] | None) -> tuple[int, list]:
+    """Load the training state (exact resume) or, without one, the warm start's weights; → (step, losses)."""
+    if state_path.is_file():
+        st = torch_load(state_path)
+        model.load_state_dict(st["model"])
+        ema.load_state_dict(st["ema"])
+        opt.load_state_dict(st["opt"])
+        logger.info("resuming the toy %s at step %d", role, int(st["step"]))
+        return int(st["step"]), list(st["losses"])
+    if warm_start is None:
+        return 0, []
+    from ..loaders.wan import load_dit
+
+    path, step = warm_start
+    weights = load_dit(path, dtype="fp32", device="cpu").state_dict()
+    model.load_state_dict(weights)
+    ema.load_state_dict(weights)
+    logger.info("warm start of the toy %s from %s at step %d (fresh optimiser moments)", role, path, step)
+    return int(step), []
 
 
 def _save_state(path: Path, model, ema, opt, step: int, losses: list[float], spec: DiTSpec,

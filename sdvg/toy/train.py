@@ -107,7 +107,7 @@ def _export_dit(role: str, model, spec: DiTSpec, path: Path, work: Path) -> None
 
 def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTrainConfig | None = None,
               stages: tuple[str, ...] = STAGES, progress: Callable[[dict], None] | None = None,
-              command: str = "python -m sdvg toy train") -> dict[str, Path]:
+              command: str = "python -m sdvg toy train", warm_start: str | Path | None = None) -> dict[str, Path]:
     """Run the stages into the models tree ``out`` (states in ``work``; default: ``<out>_work`` beside it, or for the
     committed tree the cache folder's ``toy-train``, so nothing is written into the package but the models)."""
     cfg = config or ToyTrainConfig()
@@ -137,7 +137,8 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
             settings = cfg.target_train if stage == "target" else cfg.drafter_train
             model = train_dit(stage, spec, settings, open_vae(paths["vae"], device="cpu", dtype="fp32"),
                               _text_bank(out), work, progress=progress,
-                              on_save=lambda m, step, st=stage, sp=spec: _checkpoint(st, m, sp, step, out, work))
+                              on_save=lambda m, step, st=stage, sp=spec: _checkpoint(st, m, sp, step, out, work),
+                              warm_start=_warm_start(warm_start, stage))
             _export_dit(stage, model, spec, paths[key], work)
         else:
             from .critic_train import train_critic
@@ -150,6 +151,17 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
 
 
 CHECKPOINTS = "checkpoints"  # beside the models in the tree: the latest EMA export of a DiT still training
+
+
+def _warm_start(folder: str | Path | None, role: str) -> tuple[Path, int] | None:
+    """(file, step) of a checkpoints folder's export of ``role`` (``--warm-start``), None when it has none."""
+    if folder is None:
+        return None
+    info = Path(folder) / f"{role}.json"
+    path = Path(folder) / Path(FILES[role]).name
+    if not info.is_file() or not path.is_file():
+        return None
+    return path, int(json.loads(info.read_text(encoding="utf-8"))["step"])
 
 
 def _checkpoint(role: str, model, spec: DiTSpec, step: int, out: Path, work: Path) -> None:
