@@ -137,11 +137,13 @@ def test_judge_tells_renders_from_noise_and_flat_fields():
     assert judge(jumpy, caption).smooth < 0.95
 
 
-def test_training_forward_equals_the_cached_block_forward():
-    """forward_train (block-causal mask, autograd) computes what the sampler's cached block-by-block forward does."""
+@pytest.mark.parametrize("patch", [2, 1])
+def test_training_forward_equals_the_cached_block_forward(patch):
+    """forward_train (block-causal mask, autograd) computes what the sampler's cached block-by-block forward does,
+    at both patch sizes."""
     from sdvg.toy.dit_train import DiTSpec, build_dit
 
-    model = build_dit(DiTSpec(heads=2, head_dim=16, ffn=64, layers=2, text_dim=64), seed=0).eval()
+    model = build_dit(DiTSpec(heads=2, head_dim=16, ffn=64, layers=2, text_dim=64, patch=patch), seed=0).eval()
     x = torch.randn(1, 16, 6, 8, 8)
     t = torch.tensor([[0.0, 0.0, 0.0, 700.0, 700.0, 700.0]])
     emb = torch.randn(1, 12, 64)
