@@ -25,6 +25,7 @@ def build_router_config(
     force_reject_first: bool,
     early_exit: bool,
     pattern: str = "",
+    score_frames: int = _R.score_frames,
 ):
     """Widget values → ``RouterConfig`` (validated by the engine, so its messages reach the user unchanged)."""
     from ..sdvg.sampling import parse_pattern
@@ -41,6 +42,7 @@ def build_router_config(
         force_reject_first=bool(force_reject_first),
         early_exit=bool(early_exit),
         pattern=parse_pattern(pattern) if mode == "pattern" else None,
+        score_frames=int(score_frames),
     )
     return config.validate()
 
@@ -110,6 +112,14 @@ class SDVGRewardRouter(io.ComfyNode):
                     optional=True,
                     tooltip="mode pattern only: one letter per drafted block, A = accept, R = reject (e.g. 'AARAAR' for 7 blocks, block 0 being the target's).",
                 ),
+                io.Int.Input(
+                    "score_frames",
+                    default=_R.score_frames,
+                    min=0,
+                    max=64,
+                    optional=True,
+                    tooltip="Score only this many frames spread over each block (first and last among them); the block score aggregates those. 0 = every frame. Cheaper scoring; a bad frame between them goes unseen.",
+                ),
             ],
             outputs=[SDVG_ROUTER.Output(display_name="router", tooltip="The routing rule for SDVG Speculative Sampler.")],
         )
@@ -128,12 +138,14 @@ class SDVGRewardRouter(io.ComfyNode):
         force_reject_first: bool,
         early_exit: bool,
         pattern: str = "",
+        score_frames: int = _R.score_frames,
     ) -> io.NodeOutput:
         return io.NodeOutput(
             build_router_config(
                 tau=tau, aggregation=aggregation, quantile=quantile, threshold_mode=threshold_mode,
                 target_rate=target_rate, delta=delta, mode=mode, random_rate=random_rate,
                 force_reject_first=force_reject_first, early_exit=early_exit, pattern=pattern,
+                score_frames=score_frames,
             )
         )
 

@@ -17,7 +17,7 @@ class _Worker:
         self.index, self.fails, self.calls = index, fails, []
         self.run_prompt = self
 
-    def remote(self, pid, prompt, rows, prior):  # run_prompt.remote(...)
+    def remote(self, pid, prompt, rows, prior, seed=None):  # run_prompt.remote(...)
         self.calls.append(pid)
         return _Ref(self, pid)
 

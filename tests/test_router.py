@@ -371,3 +371,16 @@ def test_pattern_mode_validation(kw, match):
 
 def test_pattern_length_counts_block_zero_when_it_is_drafted():
     assert RouterConfig(mode="pattern", pattern=(True,) * 3, num_blocks=3, force_reject_first=False).validate()
+
+
+def test_score_frames_scores_a_spread_subset_and_decides_on_its_worst():
+    from sdvg.sampling.router import spread_frames
+
+    assert spread_frames(12, 4) == [0, 4, 7, 11] and spread_frames(9, 3) == [0, 4, 8] and spread_frames(12, 1) == [6]
+    r = Router(RouterConfig(tau=0.0, score_frames=3))
+    assert r.scored_frames(12) == [0, 6, 11] and r.scored_frames(3) is None  # k ≥ n: every frame
+    assert Router(RouterConfig(tau=0.0)).scored_frames(12) is None
+    with pytest.raises(ConfigError, match="score_frames must be a whole number"):
+        RouterConfig(score_frames=-1).validate()
+    with pytest.raises(ConfigError, match="score_frames .* or cascade"):
+        RouterConfig(score_frames=2, cascade=2).validate()

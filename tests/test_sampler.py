@@ -243,3 +243,26 @@ def test_a_drafter_schedule_of_its_own_leaves_the_target_bit_identical(tiny_mode
         SamplerConfig(num_blocks=2, width=64, height=64, drafter_schedule="diagonal", refine_from_step=1).validate()
     with pytest.raises(ConfigError, match="drafter_step_noise must be one of"):
         SamplerConfig(num_blocks=2, width=64, height=64, drafter_step_noise="stale").validate()
+
+
+def test_score_frames_scores_only_the_subset_and_the_worst_of_it_decides(tiny_models):
+    class Scores:
+        def __init__(self):
+            self.frames = []
+
+        def call_started(self, call):
+            pass
+
+        def call_finished(self, call):
+            if call.kind == "score":
+                self.frames.append(call.signature[0])
+
+    cfg = SamplerConfig(num_blocks=3, width=64, height=64)
+    full, sub = Scores(), Scores()
+    a = SpeculativeSampler(tiny_models, RouterConfig(tau=-math.inf), cfg).run(PROMPT, observers=(full,))
+    b = SpeculativeSampler(tiny_models, RouterConfig(tau=-math.inf, score_frames=2), cfg).run(PROMPT, observers=(sub,))
+    assert full.frames == [12, 12] and sub.frames == [2, 2]  # blocks 1 and 2 (12 frames each), block 0 the target's
+    for ra, rb in zip(a.blocks[1:], b.blocks[1:], strict=True):
+        # the same draft (same noise, all accepted): the subset's scores are the full scores' first and last frame
+        assert rb.scores == pytest.approx([ra.scores[0], ra.scores[-1]], abs=1e-5)
+        assert rb.q == pytest.approx(min(rb.scores), abs=1e-6)

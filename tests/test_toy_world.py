@@ -11,15 +11,18 @@ import torch
 from sdvg.errors import ConfigError
 from sdvg.loaders.patch_vae import is_patch_vae_file, write_patch_vae
 from sdvg.models.patch_vae import PatchLatentModel, PatchVAE, fit_patch_bases
-from sdvg.toy.judge import judge, judge_metric, validate_judge
+from sdvg.toy.judge import chance_corrected, judge, judge_metric, validate_judge
 from sdvg.toy.world import (
     CLIP_FRAMES,
     all_captions,
     centres,
+    held_out_captions,
     parse_caption,
     render,
     render_batch,
     sample_scene,
+    train_captions,
+    v1_captions,
 )
 
 
@@ -29,7 +32,14 @@ def test_world_is_seeded_and_captions_round_trip():
     assert torch.equal(a, b) and sa == sb
     assert a.shape == (2, CLIP_FRAMES, 64, 64, 3) and 0 <= float(a.min()) and float(a.max()) <= 1
     caps = all_captions()
-    assert len(caps) == len(set(caps)) == 72
+    assert len(caps) == len(set(caps)) == 216
+    held, train = held_out_captions(), train_captions()
+    assert len(held) == 72 and len(train) == 144 and not set(held) & set(train) and set(held) | set(train) == set(caps)
+    for a in ("background", "colour", "shape", "direction"):  # every word is trained on, only combinations are new
+        assert {parse_caption(c)[a] for c in held} == {parse_caption(c)[a] for c in train}
+    assert len(v1_captions()) == 72 and set(v1_captions()) <= set(caps)
+    _, scenes = render_batch(torch.Generator().manual_seed(4), 16, 5, pool=train)
+    assert all(s.caption in train for s in scenes)
     for c in caps[::7]:
         scene = sample_scene(torch.Generator().manual_seed(1), caption=c)
         assert scene.caption == c and parse_caption(c) == scene.attributes()
@@ -37,6 +47,16 @@ def test_world_is_seeded_and_captions_round_trip():
         parse_caption("a red hexagon moving left on a black background")
     with pytest.raises(ConfigError, match="not a toy-world caption"):
         parse_caption("a fox in the snow")
+
+
+def test_toy_eval_defaults_to_every_held_out_caption_with_two_seeds():
+    from sdvg.toy import toy_eval_items
+
+    prompts, seeds = toy_eval_items()
+    assert len(prompts) == len(seeds) == 144 and set(prompts) == set(held_out_captions())
+    assert sorted(set(zip(prompts, seeds, strict=True))) == sorted((c, s) for c in held_out_captions() for s in (0, 1))
+    quick, qseeds = toy_eval_items(quick=True)
+    assert len(set(quick)) == len(quick) == 8 and set(quick) <= set(held_out_captions()) and set(qseeds) == {0}
 
 
 def test_objects_move_their_way_stay_inside_and_bounce_on_long_clips():
@@ -104,17 +124,26 @@ def test_judge_tells_renders_from_noise_and_flat_fields():
     assert other.accuracy == 0.5
     assert judge(torch.full_like(clip, 0.95), caption).accuracy == 0.0  # a flat field is not a picture
     m = judge_metric((clip * 255).round().to(torch.uint8), caption)
-    assert m["judge"] == 1.0 and m["judge_valid"] == 1.0 and m["judge_smooth"] == 1.0
+    assert m["judge"] == 1.0 and m["judge_valid"] == 1.0 and m["judge_smooth"] == 1.0 and m["judge_chance"] == 1.0
+    # chance-corrected: wrong direction and shape score below zero; guessing rates score exactly zero
+    wrong = judge_metric(clip, "a green circle moving down on a white background")
+    assert wrong["judge_chance"] == pytest.approx(-(0.5 + 1 / 3) / 2)
+    assert chance_corrected(1 / 3, 1 / 4) == pytest.approx(0.0)
+    # the new palette: every held-out caption's render is read right
+    for c in held_out_captions()[::9]:
+        assert judge(render(sample_scene(torch.Generator().manual_seed(2), caption=c)), c).all_correct, c
     # a clip whose object jumps back and forth is still the right picture but not smooth
     jumpy = torch.cat([clip[:8], clip[-8:], clip[8:25]])
     assert judge(jumpy, caption).smooth < 0.95
 
 
-def test_training_forward_equals_the_cached_block_forward():
-    """forward_train (block-causal mask, autograd) computes what the sampler's cached block-by-block forward does."""
+@pytest.mark.parametrize("patch", [2, 1])
+def test_training_forward_equals_the_cached_block_forward(patch):
+    """forward_train (block-causal mask, autograd) computes what the sampler's cached block-by-block forward does,
+    at both patch sizes."""
     from sdvg.toy.dit_train import DiTSpec, build_dit
 
-    model = build_dit(DiTSpec(heads=2, head_dim=16, ffn=64, layers=2, text_dim=64), seed=0).eval()
+    model = build_dit(DiTSpec(heads=2, head_dim=16, ffn=64, layers=2, text_dim=64, patch=patch), seed=0).eval()
     x = torch.randn(1, 16, 6, 8, 8)
     t = torch.tensor([[0.0, 0.0, 0.0, 700.0, 700.0, 700.0]])
     emb = torch.randn(1, 12, 64)
@@ -142,6 +171,8 @@ def test_toy_train_smoke_writes_real_formats_that_load_and_generate(tmp_path):
         assert (out / rel).is_file(), rel
     stamp = json.loads((out / "sdvg_toy.json").read_text())
     assert stamp["command"] == "python -m sdvg toy train" and stamp["stages"]["target"]["steps"] == 20
+    assert stamp["stages"]["target"]["command"] == (f"python -m sdvg toy train --out {out} --work {work} "
+                                                    "--max-steps 20 --threads 1")
     for role in ("target", "drafter"):
         losses = torch_load(work / f"state_{role}.pt")["losses"]
         assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, (role, losses)
@@ -199,10 +230,52 @@ def test_eval_world_toy_writes_judge_columns_and_refine_rows(tmp_path):
     from sdvg.cli.commands import main
 
     out = tmp_path / "ev"
-    assert main(["eval", "--world", "toy", "--out", str(out), "--limit", "2", "--taus", "1.25", "--blocks", "2",
-                 "--no-videos", "--device", "cpu"]) == 0
+    assert main(["eval", "--world", "toy", "--quick", "--out", str(out), "--limit", "2", "--taus", "1.25",
+                 "--rates", "0.4", "--blocks", "2", "--no-videos", "--device", "cpu"]) == 0
     rows = list(csv.DictReader((out / "summary.csv").open()))
-    assert {"method", "tau", "acceptance", "speedup", "judge", "judge_lo", "judge_hi"} <= set(rows[0])
-    assert {r["method"] for r in rows} == {"target-only", "draft-only", "target0-draft", "sdvg", "random", "refine"}
+    assert {"method", "tau", "acceptance", "speedup", "speedup_real", "judge", "judge_lo", "judge_hi",
+            "judge_chance"} <= set(rows[0])
+    assert {r["method"] for r in rows} == {"target-only", "draft-only", "target0-draft", "sdvg", "random", "refine",
+                                           "sdvg-rate", "random-rate"}
+    results = list(csv.DictReader((out / "results.csv").open()))
+    assert {r["prompt"] for r in results} <= set(held_out_captions())  # the eval's prompts are held out
+    assert {r["method"] for r in csv.DictReader((out / "paired.csv").open())} == {"sdvg", "sdvg-rate"}
     assert all(0.0 <= float(r["judge_lo"]) <= float(r["judge"]) <= float(r["judge_hi"]) <= 1.0 for r in rows)
     assert (out / "pareto.png").stat().st_size > 1000
+
+
+def test_ema_warms_up_so_early_exports_are_not_the_initial_weights():
+    from sdvg.toy.dit_train import ema_decay
+
+    assert ema_decay(0, 0.998) == pytest.approx(0.1) and ema_decay(90, 0.998) == pytest.approx(0.91)
+    assert ema_decay(10**6, 0.998) == 0.998
+    weight_of_init = 1.0
+    for step in range(500):
+        weight_of_init *= ema_decay(step, 0.998)
+    assert weight_of_init < 1e-3  # a fixed 0.998 leaves 0.998 ** 500 ≈ 0.37
+
+
+def test_a_dit_stage_warm_starts_from_an_exported_checkpoint(patch_vae, tmp_path):
+    from sdvg.fixtures.tiny import write_krea_safetensors
+    from sdvg.loaders.checkpoint import torch_load
+    from sdvg.toy.dit_train import CaptionBank, DiTSpec, DiTTrainSettings, original_state_dict, train_dit
+    from sdvg.toy.world import train_captions
+
+    gen = torch.Generator().manual_seed(0)
+    bank = CaptionBank(lambda c: torch.randn(1, 8, 64, generator=gen), train_captions())
+    spec = DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=1)
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    first = train_dit("target", spec, DiTTrainSettings(steps=2, batch=1, save_every=2, warmup=1), patch_vae, bank,
+                      tmp_path / "a")
+    export = write_krea_safetensors(tmp_path / "ckpt.safetensors", original_state_dict(first), spec.heads)
+    # nothing left to train: the model is the export (bf16 in the file)
+    same = train_dit("target", spec, DiTTrainSettings(steps=2, batch=1, save_every=2, warmup=1), patch_vae, bank,
+                     tmp_path / "b", warm_start=(export, 2))
+    for (k, a), b in zip(first.state_dict().items(), same.state_dict().values(), strict=True):
+        assert torch.equal(a.to(torch.bfloat16).float(), b), k
+    # one more step from the export: training continues at step 2 and writes its own state
+    train_dit("target", spec, DiTTrainSettings(steps=3, batch=1, save_every=1, warmup=1), patch_vae, bank,
+              tmp_path / "c", warm_start=(export, 2))
+    st = torch_load(tmp_path / "c" / "state_target.pt")
+    assert st["step"] == 3 and len(st["losses"]) == 1

@@ -123,6 +123,8 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
     r.add_argument("--cascade", type=int, default=_R.cascade, help="SDVG-hybrid cascade scoring: score K spread frames first; "
                    "one below τ is a safe reject (min, fixed τ; 0 = off)")
+    r.add_argument("--score-frames", type=int, default=_R.score_frames, help="score only K frames spread over each block (the "
+                   "block score aggregates those; 0 = every frame): cheaper scoring, a frame between them goes unseen")
     add_compat_args(p, profile_flag=profile_flag)
 
 
@@ -139,7 +141,7 @@ def router_config_from_args(args, preset: str | None = None) -> RouterConfig:
         mode=mode, tau=tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
         target_rate=args.target_rate, delta=args.delta, force_reject_first=not args.no_force_reject_first,
         random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit,
-        cascade=getattr(args, "cascade", _R.cascade),
+        cascade=getattr(args, "cascade", _R.cascade), score_frames=getattr(args, "score_frames", _R.score_frames),
         pattern=parse_pattern(args.pattern) if args.pattern is not None else None,
     ).validate()
 
@@ -266,3 +268,22 @@ def add_drafter_schedule_args(g) -> None:
                    "the target's")
     g.add_argument("--drafter-step-noise", choices=STEP_NOISES, default=None, help="the drafter's own "
                    "step noise (a distilled student: fresh); default: the target's")
+
+
+def eval_world(args) -> dict:
+    """The defaults an evaluation takes from ``--world``: prompts, methods, τ and metrics."""
+    from ..eval import DEFAULT_METHODS, DEFAULT_TAUS, METHODS
+
+    if args.world == "toy":  # the toy models are the default model source anyway
+        from ..toy import TOY_RATE_PRIOR, TOY_RATES, TOY_TAUS, toy_eval_items
+
+        prompts, seeds = toy_eval_items(quick=args.quick)
+        return {"methods": ",".join(METHODS), "taus": ",".join(f"{t:g}" for t in TOY_TAUS),
+                "rates": ",".join(f"{r:g}" for r in TOY_RATES), "rate_router": TOY_RATE_PRIOR,
+                "prompts": prompts, "seeds": seeds, "metrics": ["sdvg.toy.judge:judge_metric"]}
+    if args.quick:
+        raise ConfigError("--quick picks the toy world's short prompt set; use it with --world toy.")
+    if args.prompts is None:
+        raise ConfigError("eval needs --prompts FILE (one prompt per line), or --world toy for the toy world.")
+    return {"methods": ",".join(DEFAULT_METHODS), "taus": ",".join(f"{t:g}" for t in DEFAULT_TAUS), "prompts": [],
+            "metrics": [], "rates": "", "seeds": None, "rate_router": None}

@@ -172,9 +172,12 @@ def add_eval_parser(subparsers) -> None:
     )
     p.add_argument("--prompts", default=None, help="text file, one prompt per line (see bench/prompts_sample.txt); "
                    "required unless --world toy")
-    p.add_argument("--world", choices=["toy"], default=None, help="toy: the toy world's models, 24 toy captions, "
-                   "its judge as the quality metric (judge, judge_lo, judge_hi in summary.csv), all six methods and "
-                   "τ in the critic's range, unless given")
+    p.add_argument("--world", choices=["toy"], default=None, help="toy: the toy world's models, its 72 held-out "
+                   "captions × seeds 0 and 1, its judge as the quality metric (judge, judge_lo, judge_hi in "
+                   "summary.csv), every method, τ in the critic's range and target rates 0.2, 0.4, 0.6, unless given")
+    p.add_argument("--quick", action="store_true", help="with --world toy: 8 held-out captions, seed 0 (CI)")
+    p.add_argument("--rates", default=None, help="target acceptance rates of the sdvg-rate / random-rate rows "
+                   "(the drafter's share of all blocks, comma list in (0, 1); --world toy: 0.2,0.4,0.6)")
     p.add_argument("--out", required=True, help="output folder (results.csv, summary.csv, pareto.png, videos/); "
                    "rerun with the same folder to resume")
     p.add_argument("--taus", default=None, help="τ sweep (default " + ",".join(f"{t:g}" for t in DEFAULT_TAUS)
@@ -215,21 +218,6 @@ def evaluate_doc() -> str:
     return evaluate.__doc__.split("\n\n")[0]
 
 
-def _eval_world(args) -> dict:
-    """The defaults an evaluation takes from ``--world``: prompts, methods, τ and metrics."""
-    from ..eval import DEFAULT_METHODS, DEFAULT_TAUS, METHODS
-
-    if args.world == "toy":  # the toy models are the default model source anyway
-        from ..toy import TOY_TAUS, toy_prompts
-
-        return {"methods": ",".join(METHODS), "taus": ",".join(f"{t:g}" for t in TOY_TAUS),
-                "prompts": toy_prompts(), "metrics": ["sdvg.toy.judge:judge_metric"]}
-    if args.prompts is None:
-        raise ConfigError("eval needs --prompts FILE (one prompt per line), or --world toy for the toy world.")
-    return {"methods": ",".join(DEFAULT_METHODS), "taus": ",".join(f"{t:g}" for t in DEFAULT_TAUS), "prompts": [],
-            "metrics": []}
-
-
 def cmd_eval(args) -> int:
     from .. import set_cpu_threads
     from ..eval import (
@@ -237,6 +225,7 @@ def cmd_eval(args) -> int:
         check_eval_args,
         check_out_dir,
         evaluate,
+        format_paired,
         format_summary,
         load_metric,
         parse_taus,
@@ -246,15 +235,21 @@ def cmd_eval(args) -> int:
     def log(msg: str) -> None:
         sys.stderr.write(msg + "\n")  # CLI output of the command
 
-    world = _eval_world(args)
+    world = cli_args.eval_world(args)
     methods = tuple(m.strip() for m in (args.methods or world["methods"]).split(",") if m.strip())
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ConfigError(f"Unknown or empty --methods {list(bad or methods)}; use a comma list of {', '.join(METHODS)}.")
     check_eval_args(args.limit, args.max_rows)  # 0 or a negative number never means "all"
     taus = parse_taus(args.taus or world["taus"])
+    rate_text = args.rates if args.rates is not None else world["rates"]
+    rates = parse_taus(rate_text) if rate_text else ()
+    if not rates:
+        methods = tuple(m for m in methods if m not in ("sdvg-rate", "random-rate"))
+    seeds = None if args.prompts is not None else world["seeds"]
     prompts = read_prompts(args.prompts) if args.prompts is not None else world["prompts"]
     prompts = prompts[: args.limit] if args.limit else prompts
+    seeds = seeds[: len(prompts)] if seeds is not None else None
     check_out_dir(args.out)
     if args.ray:
         from ..eval import import_ray
@@ -265,21 +260,22 @@ def cmd_eval(args) -> int:
     blocks = 3 if source.preset else SamplerConfig.num_blocks
     config = cli_args.sampler_config_from_args(args, source.preset, default_blocks=blocks)
     if args.ray:
-        return _eval_on_ray(args, source, config, prompts, taus, methods, log)
+        return _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds)
     models = cli_args.load_from_source(source, args, need=cli_args.ROLES)
     dev = models.target_device
     set_cpu_threads(getattr(args, "threads", None), 1 if dev is not None and dev.type == "cpu" else None)
     log(f"eval: {len(prompts)} prompt(s), methods {', '.join(methods)}, τ {', '.join(map(str, taus))}, "
         f"{config.num_blocks} blocks at {config.width}x{config.height}, {set_cpu_threads(None)} thread(s)")
     res = evaluate(models, prompts, args.out, taus=taus, methods=methods, sampler_config=config, metrics=metrics,
-                   max_rows=args.max_rows, save_videos=not args.no_videos, log=log)
-    sys.stdout.write(format_summary(res["summary"]) + "\n")  # CLI output of the command
+                   max_rows=args.max_rows, save_videos=not args.no_videos, log=log, rates=rates, seeds=seeds,
+                   rate_router=world["rate_router"])
+    sys.stdout.write(format_summary(res["summary"]) + "\n\n" + format_paired(res["paired"]) + "\n")  # CLI output
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
     return 0
 
 
-def _eval_on_ray(args, source, config, prompts, taus, methods, log) -> int:
+def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None) -> int:
     from ..eval import evaluate_ray, format_summary
     from ..sampling import compat_from_args
 
@@ -291,7 +287,7 @@ def _eval_on_ray(args, source, config, prompts, taus, methods, log) -> int:
                    "pt_weights": compat_from_args(args).pt_weights, "threads": getattr(args, "threads", None)}
     res = evaluate_ray(args.ray, load_kwargs, prompts, args.out, taus=taus, methods=methods, sampler_config=config,
                        metric_specs=args.metric, actors=args.ray_actors, retries=args.ray_retries,
-                       save_videos=not args.no_videos, log=log)
+                       save_videos=not args.no_videos, log=log, seeds=seeds)
     sys.stdout.write(format_summary(res["summary"]) + "\n")  # CLI output of the command
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")

@@ -44,20 +44,21 @@ class _EvalWorker:
                                    save_videos=save_videos)
         self.warm = not warmup
 
-    def run_prompt(self, pid: int, prompt: str, todo: list, done_rows: list) -> list[dict]:
+    def run_prompt(self, pid: int, prompt: str, todo: list, done_rows: list, seed: int | None = None) -> list[dict]:
         if not self.warm:
             self.runner.warm_up(prompt)
             self.warm = True
-        return list(self.runner.rows(pid, prompt, todo, done_rows))
+        return list(self.runner.rows(pid, prompt, todo, done_rows, seed=seed))
 
 
 def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence[str], out_dir: str | Path, *,
                  taus: Sequence[float], methods: Sequence[str], sampler_config, metric_specs: Sequence[str] = (),
                  actors: int | None = None, retries: int = 2, save_videos: bool = True, warmup: bool = True,
-                 log: Callable[[str], None] | None = None) -> dict:
+                 log: Callable[[str], None] | None = None, seeds: Sequence[int] | None = None) -> dict:
     """The Ray twin of :func:`sdvg.evaluate.evaluate` (same CSV, summary and plot). ``address``: "auto" (the
     cluster in ``RAY_ADDRESS``, else a local one) or a cluster address; ``load_kwargs``: ``load_models``'
-    arguments, ``metric_specs``: ``--metric`` strings (each actor imports them)."""
+    arguments, ``metric_specs``: ``--metric`` strings (each actor imports them); ``seeds``: one per prompt. The
+    target-rate rows (sdvg-rate) are not run on Ray: their threshold pools the scores of one process's videos."""
     from . import run as ev
 
     ray = import_ray()
@@ -80,7 +81,7 @@ def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence
     if log:
         log(f"eval on Ray: {len(pids)} prompt(s) to run on {len(workers)} actor(s) "
             f"({gpus} GPU(s) in the cluster), {len(plan) - len(todo)} row(s) already done")
-    dispatch = _Dispatch(ray, workers, prompts, todo, results, retries, log)
+    dispatch = _Dispatch(ray, workers, prompts, todo, results, retries, log, seeds)
     dispatch.run(pids)
     complete = results.done() >= {(str(p), m, ev.tau_key(t)) for p, m, t in plan}
     summary = ev.summarize(results.rows)
@@ -94,8 +95,9 @@ class _Dispatch:
     """Whole prompts handed to idle actors; each finished prompt's rows appended to the CSV as they come; a failed
     task retried on another actor up to ``retries`` times, then reported."""
 
-    def __init__(self, ray, workers, prompts, todo, results, retries: int, log) -> None:
+    def __init__(self, ray, workers, prompts, todo, results, retries: int, log, seeds=None) -> None:
         self.ray, self.workers, self.prompts, self.todo, self.results = ray, workers, prompts, todo, results
+        self.seeds = seeds  # one per prompt, or None (the sampler config's seed)
         self.retries, self.log = retries, log or (lambda _msg: None)
         self.tries: dict[int, int] = {}
         self.failed: dict[int, str] = {}
@@ -129,7 +131,8 @@ class _Dispatch:
             pid, w = queue.pop(0), self.idle.pop(0)
             mine = [r for r in self.todo if r[0] == pid]
             prior = [r for r in self.results.rows if r["prompt_id"] == str(pid)]
-            self.running[self.workers[w].run_prompt.remote(pid, self.prompts[pid], mine, prior)] = (pid, w)
+            seed = None if self.seeds is None else int(self.seeds[pid])
+            self.running[self.workers[w].run_prompt.remote(pid, self.prompts[pid], mine, prior, seed)] = (pid, w)
 
     def _failed(self, pid: int, exc: Exception, queue: list[int]) -> None:
         self.tries[pid] = self.tries.get(pid, 0) + 1

@@ -47,6 +47,7 @@ import torch
 from ..errors import ConfigError
 from ..loaders.file_checks import broken_link
 from ..outputs.video import write_mp4
+from .paired import PAIRED, format_paired, paired_differences, write_paired
 from .summary import METRIC_PREFIX, format_summary, render_pareto, summarize, write_summary
 from .summary import cell as _cell
 from .summary import num as _num
@@ -59,11 +60,15 @@ SUMMARY = "summary.csv"
 PARETO = "pareto.png"
 BASE_COLUMNS = (
     "prompt_id", "method", "tau", "prompt", "seed", "blocks", "wall_s", "speedup", "acceptance", "accepted",
-    "drafted", "pattern", "ir_mean", "ir_min", "ir_retention", "ir_delta", "router_seed", "video",
+    "drafted", "pattern", "ir_mean", "ir_min", "ir_retention", "ir_delta", "router_seed", "video", "real_tmacs",
+    "speedup_real",
 )
-METHODS = ("target-only", "draft-only", "target0-draft", "sdvg", "random", "refine")
+METHODS = ("target-only", "draft-only", "target0-draft", "sdvg", "random", "refine", "sdvg-rate", "random-rate")
 DEFAULT_METHODS = METHODS[:5]
-__all__ = ["METHODS", "evaluate", "format_summary", "render_pareto", "summarize", "write_summary"]
+#: the reward-routed method whose acceptance each random method matches (block 0 protected in both)
+MATCHED = {"random": "sdvg", "random-rate": "sdvg-rate"}
+SWEPT = ("sdvg", "random", "refine")  # run at every τ; sdvg-rate / random-rate at every target rate
+__all__ = ["METHODS", "evaluate", "format_paired", "format_summary", "render_pareto", "summarize", "write_summary"]
 
 
 @runtime_checkable
@@ -238,10 +243,12 @@ def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None,
             out_dir: Path, reference: Mapping[str, str] | None, metrics, embeds, save_video: bool = True,
             pool: list[float] | None = None) -> dict:
     from ..sampling.sampler import SpeculativeSampler
+    from .real_cost import RealCostTally
 
     sampler = SpeculativeSampler(models, router, config, pooled_scores=pool)  # pool: compat threshold_state pooled
+    tally = RealCostTally()
     start = time.perf_counter()
-    result = sampler.run(prompt, prompt_embeds=embeds)
+    result = sampler.run(prompt, prompt_embeds=embeds, observers=(tally,))
     wall = time.perf_counter() - start
     frames = result.frames
     if frames.dtype == torch.uint8:
@@ -255,6 +262,7 @@ def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None,
         video = write_mp4(frames, out_dir / "videos" / name)  # atomic: a video is complete or absent
     ref_wall = _num(reference.get("wall_s")) if reference else (wall if method == "target-only" else None)
     ref_ir = _num(reference.get("ir_mean")) if reference else (ir_mean if method == "target-only" else None)
+    ref_macs = _num(reference.get("real_tmacs")) if reference else (tally.total if method == "target-only" else None)
     row = {
         "prompt_id": prompt_id, "method": method, "tau": tau_key(tau), "prompt": prompt, "seed": config.seed,
         "blocks": config.num_blocks, "wall_s": wall, "speedup": (ref_wall / wall) if ref_wall else None,
@@ -264,6 +272,7 @@ def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None,
         "ir_delta": (ir_mean - ref_ir) if ref_ir is not None else None,
         "router_seed": router.seed if router.mode == "pattern" else None,
         "video": str(video.relative_to(out_dir)) if video is not None else None,
+        "real_tmacs": tally.total, "speedup_real": (ref_macs / tally.total) if ref_macs and tally.total else None,
     }
     cpu_frames = frames.detach().float().cpu()
     for _label, metric in metrics:
@@ -277,41 +286,53 @@ def run_row(models, prompt: str, prompt_id: int, method: str, tau: float | None,
 # the evaluation
 
 
-def plan_rows(n_prompts: int, taus: Sequence[float], methods: Sequence[str]) -> list[tuple[int, str, float | None]]:
+def plan_rows(n_prompts: int, taus: Sequence[float], methods: Sequence[str],
+              rates: Sequence[float] = ()) -> list[tuple[int, str, float | None]]:
     """The (prompt id, method, τ) rows in run order: per prompt target-only, draft-only, target0-draft, sdvg τ…,
-    random τ…."""
+    random τ…, refine τ…, then sdvg-rate and random-rate at every target rate (their τ column holds the rate)."""
     rows = []
     for pid in range(n_prompts):
         rows += [(pid, m, None) for m in ("target-only", "draft-only", "target0-draft") if m in methods]
-        rows += [(pid, m, t) for m in ("sdvg", "random", "refine") if m in methods for t in taus]
+        rows += [(pid, m, t) for m in SWEPT if m in methods for t in taus]
+        rows += [(pid, m, r) for m in ("sdvg-rate", "random-rate") if m in methods for r in rates]
     return rows
 
 
 def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Sequence[float] = DEFAULT_TAUS,
              methods: Sequence[str] = DEFAULT_METHODS, sampler_config=None,
              metrics: Sequence[tuple[str, Callable]] = (), max_rows: int | None = None, save_videos: bool = True,
-             warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
-    """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}."""
+             warmup: bool = True, log: Callable[[str], None] | None = None, rates: Sequence[float] = (),
+             seeds: Sequence[int] | None = None, rate_router: Mapping[str, float] | None = None) -> dict:
+    """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}.
+
+    ``rates``: the target acceptance rates of the sdvg-rate / random-rate rows (the router's target-rate threshold,
+    a quantile of the block scores seen so far in this run, pooled over its videos; ``rate_router``: that router's
+    prior, e.g. ``{"prior_mean": …, "prior_std": …}``). ``seeds``: one sampling seed per prompt (default: the
+    sampler config's seed for all), so a (caption, seed) pair is one prompt id."""
     from ..sampling.sampler import SamplerConfig
 
-    _check_inputs(models, prompts, taus, methods, max_rows)
+    _check_inputs(models, prompts, taus, methods, max_rows, rates)
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one seed per prompt.")
     out = check_out_dir(out_dir)  # before any row runs
     for stale in (out / "videos").glob(".*.tmp.mp4") if (out / "videos").is_dir() else []:
         stale.unlink()
     results = ResultsFile(out / RESULTS, _declared_names(metrics))
     config = sampler_config or SamplerConfig(num_blocks=3, width=64, height=64)
-    plan = plan_rows(len(prompts), taus, methods)
+    plan = plan_rows(len(prompts), taus, methods, rates)
     done = results.done()
     todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
     written = 0
-    runner = PromptRunner(models, config, out, metrics=metrics, save_videos=save_videos, log=log)
+    runner = PromptRunner(models, config, out, metrics=metrics, save_videos=save_videos, log=log,
+                          rate_router=rate_router)
     if todo and warmup:
         runner.warm_up(prompts[todo[0][0]])
     for pid in dict.fromkeys(r[0] for r in todo):
         if max_rows is not None and written >= max_rows:
             break
         mine = [r for r in todo if r[0] == pid]
-        rows = runner.rows(pid, prompts[pid], mine, [r for r in results.rows if r["prompt_id"] == str(pid)])
+        rows = runner.rows(pid, prompts[pid], mine, [r for r in results.rows if r["prompt_id"] == str(pid)],
+                           seed=None if seeds is None else int(seeds[pid]))
         for row in rows:
             results.append(row)
             written += 1
@@ -322,8 +343,10 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     summary = summarize(results.rows)
     write_summary(summary, out / SUMMARY)
     render_pareto(summary, out / PARETO)
+    paired = paired_differences(results.rows)
+    write_paired(paired, out / PAIRED)
     return {"written": written, "skipped": len(plan) - len(todo), "complete": complete, "summary": summary,
-            "results": str(out / RESULTS)}
+            "paired": paired, "results": str(out / RESULTS)}
 
 
 class PromptRunner:
@@ -331,19 +354,25 @@ class PromptRunner:
     rows' speedups refer to it; random after sdvg: it matches sdvg's acceptance). The single-process evaluation and
     each Ray actor (``eval_ray.py``) use it. ``pools``: the run-wide target-rate score pools (compat "pooled")."""
 
-    def __init__(self, models, config, out: Path, *, metrics=(), save_videos: bool = True, log=None) -> None:
+    def __init__(self, models, config, out: Path, *, metrics=(), save_videos: bool = True, log=None,
+                 rate_router: Mapping[str, float] | None = None) -> None:
         self.models, self.config, self.out, self.metrics = models, config, out, metrics
         self.save_videos, self.log = save_videos, log
+        self.rate_router = dict(rate_router or {})
         self.pools: dict[tuple[str, str], list[float]] = {}
 
-    def config_for(self, method: str):
-        """The sampler config of a method: refine-on-reject continues a rejected draft from half its steps."""
-        if method != "refine":
-            return self.config
+    def config_for(self, method: str, seed: int | None = None):
+        """The sampler config of a method (and seed): refine-on-reject continues a rejected draft from half its
+        steps; the target-rate rows pool their threshold statistics over the run's videos."""
         from dataclasses import replace
 
-        steps = max(len(row) for row in self.config.step_schedule())
-        return replace(self.config, refine_from_step=max(1, steps // 2)).validate()
+        cfg = self.config if seed is None else replace(self.config, seed=int(seed))
+        if method == "sdvg-rate":
+            cfg = replace(cfg, compat=replace(cfg.compat, threshold_state="pooled"))
+        if method != "refine":
+            return cfg if cfg is self.config else cfg.validate()
+        steps = max(len(row) for row in cfg.step_schedule())
+        return replace(cfg, refine_from_step=max(1, steps // 2)).validate()
 
     def warm_up(self, prompt: str) -> None:
         _warm_up(self.models, self.config, prompt, self.models.text_encoder.encode(prompt))
@@ -357,24 +386,28 @@ class PromptRunner:
             return RouterConfig(mode="pattern", pattern=(True,) * (self.config.num_blocks - 1))
         if method in ("sdvg", "refine"):
             return RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed")
-        matched = known.get(("sdvg", tau_key(tau)))
+        if method == "sdvg-rate":
+            return RouterConfig(mode="reward", aggregation="min", threshold="target-rate", target_rate=float(tau),
+                                **self.rate_router)
+        matched = known.get((MATCHED[method], tau_key(tau)))
         if matched is None:
             return None
         accepted, drafted = int(matched["accepted"]), int(matched["drafted"])
         # random routing at exactly the acceptance reward routing reached: as many accepts, at random blocks
         return RouterConfig(mode="pattern", pattern=random_pattern(drafted, accepted, seed=pid), seed=pid)
 
-    def rows(self, pid: int, prompt: str, todo, done_rows: Sequence[Mapping[str, str]]):
-        """Yield the new rows of prompt ``pid`` (``todo``: its (pid, method, τ) rows not yet in ``done_rows``)."""
+    def rows(self, pid: int, prompt: str, todo, done_rows: Sequence[Mapping[str, str]], seed: int | None = None):
+        """Yield the new rows of prompt ``pid`` (``todo``: its (pid, method, τ) rows not yet in ``done_rows``),
+        sampled with ``seed`` (default: the config's)."""
         known = {(r["method"], r["tau"]): r for r in done_rows}
         embeds = self.models.text_encoder.encode(prompt)
         for _, method, tau in todo:
             router = self.router(pid, method, tau, known)
             if router is None:
                 if self.log:
-                    self.log(f"  skip p{pid} random τ={tau_key(tau)}: no sdvg row at that τ to match")
+                    self.log(f"  skip p{pid} {method} τ={tau_key(tau)}: no {MATCHED[method]} row to match")
                 continue
-            row = run_row(self.models, prompt, pid, method, tau, config=self.config_for(method), router=router,
+            row = run_row(self.models, prompt, pid, method, tau, config=self.config_for(method, seed), router=router,
                           out_dir=self.out,
                           reference=known.get(("target-only", "")), metrics=self.metrics, embeds=embeds,
                           save_video=self.save_videos, pool=self.pools.setdefault((method, tau_key(tau)), []))
@@ -387,12 +420,18 @@ class PromptRunner:
             yield row
 
 
-def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows) -> None:
+def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows,
+                  rates: Sequence[float] = ()) -> None:
     if not prompts or "target-only" not in methods or not set(methods) <= set(METHODS):
         raise ConfigError(f"Nothing to compare: {len(prompts)} prompt(s), methods {list(methods)}. Pass prompts and "
                           f"some of {', '.join(METHODS)}, target-only among them (speedups are relative to it).")
     if not taus and {"sdvg", "random", "refine"} & set(methods):
         raise ConfigError("The sdvg, random and refine methods run at each τ and no τ was given: pass taus (e.g. -0.7).")
+    if {"sdvg-rate", "random-rate"} & set(methods) and not rates:
+        raise ConfigError("The sdvg-rate and random-rate methods run at each target rate and none was given: pass "
+                          "rates (e.g. 0.25,0.5,0.75).")
+    if any(not 0.0 < r < 1.0 for r in rates):
+        raise ConfigError(f"Target rates are acceptance fractions strictly between 0 and 1, got {list(rates)}.")
     check_eval_args(max_rows=max_rows)
     if models.reward is None:
         raise ConfigError("The evaluation scores every output with ImageReward; no reward model was given.")

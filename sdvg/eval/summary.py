@@ -17,7 +17,8 @@ METRIC_PREFIX = "m_"
 # prefix (judge, judge_lo, judge_hi, ...) and judge is then the quality axis of the Pareto front
 JUDGE = "judge"
 QUALITY = ("ir_mean", "ir_min", "ir_retention", "ir_delta")  # per-prompt columns averaged (and bootstrapped)
-METHOD_ORDER = {"target-only": 0, "draft-only": 1, "target0-draft": 2, "sdvg": 3, "random": 4, "refine": 5}
+METHOD_ORDER = {"target-only": 0, "draft-only": 1, "target0-draft": 2, "sdvg": 3, "random": 4, "refine": 5,
+                "sdvg-rate": 6, "random-rate": 7}
 
 
 def cell(value) -> str:
@@ -59,6 +60,12 @@ def summarize(rows: Sequence[Mapping[str, str]], *, seed: int = 0) -> list[dict]
         item = {"method": method, "tau": tau, "prompts": len(rs), "speedup": _speedup(pairs),
                 "acceptance": statistics.fmean(accs) if accs else None}
         item["speedup_lo"], item["speedup_hi"] = bootstrap_ci(pairs, _speedup, seed=seed) or (None, None)
+        # the projection at the real pair's per-call costs (real_cost.py): Σ target-only T MACs / Σ the row's
+        macs = [(num(r.get("real_tmacs")), num(ref[r["prompt_id"]].get("real_tmacs"))) for r in rs]
+        macs = [(a, b) for a, b in macs if a is not None and b is not None]
+        item["speedup_real"] = _speedup(macs) if macs else None
+        item["speedup_real_lo"], item["speedup_real_hi"] = (bootstrap_ci(macs, _speedup, seed=seed)
+                                                            if macs else None) or (None, None)
         metric_cols = sorted({k for r in rs for k in r if k.startswith(METRIC_PREFIX)})
         for c in (*QUALITY, *metric_cols):
             vals = [num(r.get(c)) for r in rs]
@@ -93,7 +100,7 @@ def _with_ci(names: Sequence[str]) -> list[str]:
 
 def write_summary(summary: Sequence[dict], path: Path) -> Path:
     metrics = sorted({k for s in summary for k in s if _is_metric(k)}, key=lambda k: (not k.startswith(JUDGE), k))
-    cols = ["method", "tau", "prompts", *_with_ci(["speedup"]), "acceptance", *_with_ci([*metrics[:1], *QUALITY,
+    cols = ["method", "tau", "prompts", *_with_ci(["speedup", "speedup_real"]), "acceptance", *_with_ci([*metrics[:1], *QUALITY,
                                                                                         *metrics[1:]]), "pareto"]
 
     def write(tmp: Path) -> None:
@@ -107,7 +114,8 @@ def write_summary(summary: Sequence[dict], path: Path) -> Path:
 
 
 PARETO_COLORS = {"target-only": (70, 110, 200), "draft-only": (120, 120, 120), "target0-draft": (150, 90, 180),
-                 "sdvg": (219, 109, 40), "random": (46, 160, 67), "refine": (30, 160, 170)}
+                 "sdvg": (219, 109, 40), "random": (46, 160, 67), "refine": (30, 160, 170),
+                 "sdvg-rate": (190, 60, 20), "random-rate": (90, 190, 90)}
 FRONT_COLOR = (200, 40, 40)
 
 
@@ -152,7 +160,7 @@ def _interval(s: dict, name: str, fmt: str) -> str:
 
 def format_summary(summary: Sequence[dict]) -> str:
     judged = quality_column(summary) == JUDGE
-    head = (f"{'method':13s} {'τ':>6s} {'n':>3s} {'speedup':>8s} {'95% CI':>14s} {'accept':>7s} {'IR mean':>8s} "
+    head = (f"{'method':13s} {'τ':>6s} {'n':>3s} {'speedup':>8s} {'95% CI':>14s} {'real':>6s} {'accept':>7s} {'IR mean':>8s} "
             f"{'95% CI':>17s} {'IR min':>8s} {'retain':>7s}" + (f" {'judge':>6s} {'95% CI':>14s}" if judged else "")
             + " pareto")
     lines = [head, "-" * len(head)]
@@ -160,10 +168,12 @@ def format_summary(summary: Sequence[dict]) -> str:
         acc = "—" if s["acceptance"] is None else f"{s['acceptance']:.0%}"
         ret = "—" if s["ir_retention"] is None else f"{s['ir_retention']:.1%}"
         sp = "—" if s["speedup"] is None else f"{s['speedup']:.2f}×"
+        real = "—" if s.get("speedup_real") is None else f"{s['speedup_real']:.2f}×"
         lines.append(f"{s['method']:13s} {s['tau'] or '—':>6s} {s['prompts']:3d} {sp:>8s} "
-                     f"{_interval(s, 'speedup', '.2f'):>14s} {acc:>7s} {s['ir_mean']:+8.3f} "
+                     f"{_interval(s, 'speedup', '.2f'):>14s} {real:>6s} {acc:>7s} {s['ir_mean']:+8.3f} "
                      f"{_interval(s, 'ir_mean', '+.3f'):>17s} {s['ir_min']:+8.3f} {ret:>7s}"
                      + (f" {s[JUDGE]:6.3f} {_interval(s, JUDGE, '.3f'):>14s}" if judged else "")
                      + f" {'*' if s['pareto'] else ''}")
-    lines.append("95% CI: bootstrap over prompts (2000 resamples, seeded); random = matched acceptance, block 0 protected")
+    lines.append("95% CI: bootstrap over prompts (2000 resamples, seeded); random = matched acceptance, block 0 protected;"
+                 " real = speedup_real, the counted calls priced at the real pair's MACs (a projection, real_cost.py)")
     return "\n".join(lines)

@@ -30,6 +30,10 @@ is a safe reject (the block's minimum can only be lower), so the rest is never s
 and the block decided on all frames, exactly as full scoring decides it. In pattern mode (the bench) the pattern
 stands in for what the subset finds: a rejected block is scored on the subset only (cascade's best case).
 
+Subset scoring (``score_frames = k``): only ``k`` frames spread over the block (:func:`spread_frames`) are ever
+scored and aggregated (``min``: the worst *scored* frame); unlike cascade it can change decisions (a bad frame
+between them goes unseen) and saves scoring on every block. CLI ``--score-frames``, the router node's input.
+
 Modes without a threshold: ``random`` accepts the i-th drafted block when the i-th draw of ``random.Random(seed)``
 is below ``random_rate``; ``pattern`` accepts it when ``pattern[i]`` is true (an exact, reproducible acceptance
 pattern, e.g. for benchmarks and matched-acceptance baselines). With ``score_drafts`` both still score every draft
@@ -60,13 +64,14 @@ from .routing import (
     early_exit_scores,
     fmt,
     quantile,
+    spread_frames,
     strategy,
     to_float_list,
 )
 
 __all__ = ["AGGREGATIONS", "FORCE_FIRST_REASON", "MODES", "TARGET_ONLY_REASON", "THRESHOLDS", "FrameScores",
            "RouteRecord", "Router", "RouterConfig", "RouterMode", "aggregate", "parse_pattern", "quantile",
-           "random_pattern", "runs_model", "to_float_list"]
+           "random_pattern", "runs_model", "spread_frames", "to_float_list"]
 
 THRESHOLDS = ("fixed", "target-rate", "relative")
 MAX_EFFECTIVE_RATE = 0.95
@@ -97,6 +102,7 @@ class RouterConfig:
     pattern: tuple[bool, ...] | None = None  # pattern mode: the decision for the i-th drafted block (True = accept)
     score_drafts: bool = False  # random / pattern mode: score every draft anyway (the decision stays the same)
     cascade: int = 0  # SDVG-hybrid cascade scoring: frames scored first (0 = off), see the module notes
+    score_frames: int = 0  # score only this many frames spread over each block (0 = all); see the module notes
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RouterConfig:
@@ -156,8 +162,10 @@ class RouterConfig:
             isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
         ):
             raise ConfigError(f"Router num_blocks must be a positive integer or None, got {self.num_blocks!r}.")
-        if isinstance(self.cascade, bool) or not isinstance(self.cascade, int) or self.cascade < 0:
-            raise ConfigError(f"Router cascade must be a whole number of frames >= 0 (0 = off), got {self.cascade!r}.")
+        for name in ("cascade", "score_frames"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"Router {name} must be a whole number of frames >= 0 (0 = off), got {v!r}.")
         if self.cascade and not self.strategy.cascade_allowed(self):
             raise ConfigError("Cascade scoring is a safe reject only for the worst frame against a fixed τ: use mode "
                               "'reward' with aggregation 'min' and threshold 'fixed' (or the bench's pattern mode).")
@@ -170,6 +178,8 @@ class RouterConfig:
             raise ConfigError(f"Early exit (stop scoring at the first frame below τ) decides a block only with mode "
                               f"'reward', aggregation 'min' and threshold 'fixed'; got {got}. Turn early exit off, or "
                               "use min with a fixed τ.")
+        if self.score_frames and self.cascade:
+            raise ConfigError("Choose score_frames (a subset only) or cascade (a subset first, then the rest).")
         for name in ("force_reject_first", "early_exit", "score_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Router {name} must be true or false, got {getattr(self, name)!r}.")
@@ -277,8 +287,13 @@ class Router:
         k = self.config.cascade
         if not k or k >= n:
             return None
-        first = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [n // 2]
+        first = spread_frames(n, k)
         return first, [i for i in range(n) if i not in set(first)]
+
+    def scored_frames(self, n: int) -> list[int] | None:
+        """The frames of a block of ``n`` scored with ``score_frames = k`` (k spread), None for every frame."""
+        k = self.config.score_frames
+        return spread_frames(n, k) if k and k < n else None
 
     # ---- observations --------------------------------------------------------------------------------------
     def observe_reference(self, block: int, scores: Any) -> float:
@@ -337,9 +352,12 @@ class Router:
             return self.forced_record(block, forced)
         return self._record(self.strategy.decide(self, block, scores))
 
-    def score_frames(self, scores: FrameScores) -> tuple[list[float], str]:
+    def read_scores(self, scores: FrameScores) -> tuple[list[float], str]:
         """Score a drafted block as this router needs it: (the frame scores to decide on, a note for the reason)."""
         n = scores.count
+        subset = self.scored_frames(n)
+        if subset is not None:  # score_frames: only these frames are ever scored (early exit has nothing to save)
+            return to_float_list(scores.score(subset)), f"; scored frames {','.join(map(str, subset))} of {n}"
         split = self.cascade_split(n)
         if split is not None:  # SDVG-hybrid: a subset of the frames first
             first_idx, rest_idx = split

@@ -83,6 +83,11 @@ def to_float_list(scores: Any) -> list[float]:
     return [float(s) for s in scores]
 
 
+def spread_frames(n: int, k: int) -> list[int]:
+    """``k`` frame indices spread evenly over ``0..n-1`` (4 of 12: 0, 4, 7, 11; 1: the middle one)."""
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [n // 2]
+
+
 def quantile(values: Sequence[float], p: float) -> float:
     """Empirical quantile with linear interpolation between order statistics (numpy's default method)."""
     xs = sorted(values)
@@ -119,7 +124,7 @@ class RouterState(Protocol):
 
     def wants_reference_score(self, block: int) -> bool: ...
 
-    def score_frames(self, scores: FrameScores) -> tuple[list[float], str]: ...
+    def read_scores(self, scores: FrameScores) -> tuple[list[float], str]: ...
 
     def next_drafted(self) -> int: ...
 
@@ -169,7 +174,7 @@ class Routing:
             return to_float_list(scores), ""
         if not self.scores(router.config):
             return [], ""
-        return router.score_frames(scores)
+        return router.read_scores(scores)
 
 
 class RewardRouting(Routing):

@@ -21,6 +21,8 @@ def add_parser(subparsers) -> None:
     t.add_argument("--stages", default=None, help="comma list of vae,text,target,drafter,critic (default: all)")
     t.add_argument("--max-steps", type=int, default=None, help="cut every training stage to N steps (smoke runs)")
     t.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads")
+    t.add_argument("--warm-start", default=None, help="a checkpoints folder (e.g. sdvg/toy/checkpoints): a DiT stage "
+                   "with no training state starts from its export there, at its step, with fresh optimiser moments")
     t.set_defaults(func=cmd_train)
     j = sub.add_parser("judge", help="the judge on renders and on noise (it must tell them apart)")
     j.add_argument("--n", type=int, default=24)
@@ -60,7 +62,14 @@ def cmd_train(args) -> int:
                  f"{d['s_per_step']:.2f} s/step  ~{left / 60:.0f} min left")
 
     cfg = ToyTrainConfig().scaled(args.max_steps)
-    paths = train_toy(args.out, args.work, config=cfg, stages=stages, progress=progress)
+    given = [(flag, value) for flag, value in (("--out", args.out if args.out != str(TOY_DIR) else None),
+                                               ("--work", args.work), ("--stages", args.stages),
+                                               ("--max-steps", args.max_steps), ("--threads", args.threads),
+                                               ("--warm-start", args.warm_start))
+             if value is not None]
+    command = " ".join(["python -m sdvg toy train", *(f"{f} {v}" for f, v in given)])
+    paths = train_toy(args.out, args.work, config=cfg, stages=stages, progress=progress, command=command,
+                      warm_start=args.warm_start)
     for role, path in paths.items():
         sys.stdout.write(f"{role:13s} {path}{'' if Path(path).exists() else ' (not trained yet)'}\n")
     return 0

@@ -4,7 +4,8 @@ The training forward is the project's own ``CausalWanTransformer.forward_train``
 Each step draws fresh scenes (seeded by the step, so a resumed run sees the same data), encodes them with the patch
 latent model and trains on one noisy block after 0–2 *clean* blocks of context, the way the sampler runs: its
 cache holds the earlier blocks re-run at t = 0. The noisy block gets one σ ~ U(0, 1) per clip and the loss is the
-MSE of the predicted flow ``ε − x0`` on that block. An EMA of the weights is what gets exported.
+MSE of the predicted flow ``ε − x0`` on that block. An EMA of the weights (decay warmed up to ``ema``,
+:func:`ema_decay`) is what gets exported.
 
 State (``state_<role>.pt``: weights, EMA, optimiser, step, losses) is written every ``save_every`` steps and at the
 end, so ``train`` resumes where a run stopped.
@@ -26,7 +27,7 @@ from ..loaders.checkpoint import torch_load
 from ..loaders.wan_keys import diffusers_to_original_key, make_config
 from ..models.dit import CausalWanTransformer
 from ..models.patch_vae import PatchVAE
-from .world import CLIP_FRAMES, render_batch
+from .world import CLIP_FRAMES, render_batch, train_captions
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +43,11 @@ class DiTSpec:
     ffn: int
     layers: int
     text_dim: int = 64
+    patch: int = 2  # spatial patch: 2 → 16 tokens a frame on the 8×8 latent, 1 → 64
 
     def config(self) -> dict:
-        return make_config(self.heads, self.head_dim, 16, 16, self.text_dim, 64, self.ffn, self.layers, (1, 2, 2))
+        p = (1, self.patch, self.patch)
+        return make_config(self.heads, self.head_dim, 16, 16, self.text_dim, 64, self.ffn, self.layers, p)
 
 
 @dataclass
@@ -106,6 +109,12 @@ def _lr(step: int, s: DiTTrainSettings) -> float:
     return s.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def ema_decay(step: int, target: float) -> float:
+    """The EMA's decay at ``step``: warmed up as (1 + step) / (10 + step) up to ``target``, so an export taken early
+    is not mostly the random initial weights (a fixed 0.998 still weighs them 37 % after 500 steps)."""
+    return min(target, (1 + step) / (10 + step))
+
+
 def _context_blocks(gen: torch.Generator) -> int:
     u = float(torch.rand((), generator=gen))
     acc = 0.0
@@ -117,25 +126,25 @@ def _context_blocks(gen: torch.Generator) -> int:
 
 
 def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVAE, bank: CaptionBank,
-              work: Path, *, progress: Callable[[dict], None] | None = None) -> CausalWanTransformer:
-    """Train (or resume) one toy DiT; returns its EMA model. State lives in ``work/state_<role>.pt``."""
+              work: Path, *, progress: Callable[[dict], None] | None = None,
+              on_save: Callable[[CausalWanTransformer, int], None] | None = None,
+              warm_start: tuple[Path, int] | None = None) -> CausalWanTransformer:
+    """Train (or resume) one toy DiT; returns its EMA model. State lives in ``work/state_<role>.pt``; ``on_save``
+    gets the EMA model and the step after every state save (checkpoint exports). ``warm_start`` (an exported
+    DiT file and its step), used only when there is no state: weights and EMA start from the file and training
+    continues at that step (same data and learning-rate schedule) with fresh optimiser moments — the resume from
+    a committed checkpoint, not bit-exact (the exact one needs the state)."""
     state_path = work / f"state_{role}.pt"
     model = build_dit(spec, settings.seed)
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                             betas=(0.9, 0.99))
-    step, losses = 0, []
-    if state_path.is_file():
-        st = torch_load(state_path)
-        model.load_state_dict(st["model"])
-        ema.load_state_dict(st["ema"])
-        opt.load_state_dict(st["opt"])
-        step, losses = int(st["step"]), list(st["losses"])
-        logger.info("resuming the toy %s at step %d", role, step)
+    step, losses = _restore(role, state_path, model, ema, opt, warm_start)
     t0, first = time.perf_counter(), step
+    pool = train_captions()  # the held-out third of the captions is never drawn
     while step < settings.steps:
         gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-        clips, scenes = render_batch(gen, settings.batch, CLIP_FRAMES)
+        clips, scenes = render_batch(gen, settings.batch, CLIP_FRAMES, pool=pool)
         x0 = encode_clips(vae, clips)
         for g in opt.param_groups:
             g["lr"] = _lr(step, settings)
@@ -144,9 +153,10 @@ def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVA
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        decay = ema_decay(step, settings.ema)
         with torch.no_grad():
             for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
-                pe.lerp_(pm, 1 - settings.ema)
+                pe.lerp_(pm, 1 - decay)
         step += 1
         losses.append(loss.item())
         if progress is not None:
@@ -154,7 +164,30 @@ def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVA
                       "s_per_step": (time.perf_counter() - t0) / max(1, step - first)})
         if step % settings.save_every == 0 or step == settings.steps:
             _save_state(state_path, model, ema, opt, step, losses, spec, settings)
+            if on_save is not None:
+                on_save(ema, step)
     return ema
+
+
+def _restore(role: str, state_path: Path, model, ema, opt, warm_start: tuple[Path, int] | None) -> tuple[int, list]:
+    """Load the training state (exact resume) or, without one, the warm start's weights; → (step, losses)."""
+    if state_path.is_file():
+        st = torch_load(state_path)
+        model.load_state_dict(st["model"])
+        ema.load_state_dict(st["ema"])
+        opt.load_state_dict(st["opt"])
+        logger.info("resuming the toy %s at step %d", role, int(st["step"]))
+        return int(st["step"]), list(st["losses"])
+    if warm_start is None:
+        return 0, []
+    from ..loaders.wan import load_dit
+
+    path, step = warm_start
+    weights = load_dit(path, dtype="fp32", device="cpu").state_dict()
+    model.load_state_dict(weights)
+    ema.load_state_dict(weights)
+    logger.info("warm start of the toy %s from %s at step %d (fresh optimiser moments)", role, path, step)
+    return int(step), []
 
 
 def _save_state(path: Path, model, ema, opt, step: int, losses: list[float], spec: DiTSpec,

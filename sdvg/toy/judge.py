@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import torch
 
-from .world import ATTRIBUTES, BACKGROUNDS, OBJECT_COLOURS, SHAPES, parse_caption, render, sample_scene
+from .world import ATTRIBUTES, BACKGROUNDS, DIRECTIONS, OBJECT_COLOURS, SHAPES, parse_caption, render, sample_scene
 
 _BG = torch.tensor(list(BACKGROUNDS.values()))
 _FG = torch.tensor(list(OBJECT_COLOURS.values()))
@@ -194,7 +194,19 @@ def judge_metric(frames: torch.Tensor, prompt: str) -> dict[str, float]:
     out = {"judge": v.accuracy, "judge_all": float(v.all_correct), "judge_valid": float(v.valid),
            "judge_smooth": v.smooth}
     out.update({f"judge_{a}": float(v.valid and v.correct[a]) for a in ATTRIBUTES})
+    out["judge_chance"] = chance_corrected(out["judge_shape"], out["judge_direction"])
     return out
+
+
+#: what guessing scores on the attributes a model can get right without reading the caption's words about them
+CHANCE = {"shape": 1 / len(SHAPES), "direction": 1 / len(DIRECTIONS)}
+
+
+def chance_corrected(shape: float, direction: float) -> float:
+    """Shape and direction accuracy with guessing taken out, averaged: (acc − chance) / (1 − chance) for each (0 =
+    guessing, 1 = always right, below 0 = worse than guessing). Linear, so its mean over videos is the mean's."""
+    return ((shape - CHANCE["shape"]) / (1 - CHANCE["shape"])
+            + (direction - CHANCE["direction"]) / (1 - CHANCE["direction"])) / 2
 
 
 def validate_judge(n: int = 24, seed: int = 7, frames: int = 33) -> dict[str, float]:
@@ -210,4 +222,4 @@ def validate_judge(n: int = 24, seed: int = 7, frames: int = 33) -> dict[str, fl
             "real_smooth": sum(v.smooth for v in real) / n, "noise_smooth": sum(v.smooth for v in noise) / n}
 
 
-__all__ = ["Verdict", "agreement", "judge", "judge_metric", "validate_judge"]
+__all__ = ["CHANCE", "Verdict", "agreement", "chance_corrected", "judge", "judge_metric", "validate_judge"]

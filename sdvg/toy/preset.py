@@ -61,14 +61,36 @@ def toy_tree() -> Path:
 TOY_TAUS = (-1.0, -0.3, 0.3, 0.6)
 TOY_TAU = 0.3  # the default τ of `generate` on the toy models
 TOY_EVAL_PROMPTS = 24
+#: target rates of the toy evaluation's sdvg-rate rows (a τ that transfers: the quantile of the block scores seen so
+#: far in the run). A rate is the drafter's share of *all* blocks; block 0 is the target's, so on 3 blocks the drafted
+#: blocks' acceptance aims at rate × 3/2 (0.3, 0.6, 0.9). The prior (until scores are known): the drafter blocks'
+#: median and spread above.
+TOY_RATES = (0.2, 0.4, 0.6)
+TOY_RATE_PRIOR = {"prior_mean": -0.36, "prior_std": 0.8}
+TOY_EVAL_SEEDS = (0, 1)  # `eval --world toy`: every held-out caption (72) with each seed
+TOY_QUICK = (8, (0,))  # `eval --world toy --quick`: 8 held-out captions, one seed (CI)
+
+
+def toy_eval_items(quick: bool = False) -> tuple[list[str], list[int]]:
+    """The toy evaluation's (prompt, seed) pairs: the 72 held-out captions no toy model was trained on, each with
+    every seed of :data:`TOY_EVAL_SEEDS` (144 pairs); ``quick``: :data:`TOY_QUICK` (captions spread over all 72)."""
+    from .world import held_out_captions
+
+    captions, seeds = held_out_captions(), TOY_EVAL_SEEDS
+    if quick:
+        n, seeds = TOY_QUICK
+        captions = captions[:: len(captions) // n][:n]
+    return [c for s in seeds for c in captions], [s for s in seeds for _ in captions]
 
 
 def toy_prompts(n: int = TOY_EVAL_PROMPTS, seed: int = 2026) -> list[str]:
-    """``n`` distinct toy captions drawn with a seed (the toy evaluation's prompt set)."""
+    """``n`` distinct captions of the first world (72, the palette the committed models were trained on) drawn with
+    a seed: the contact sheet's and the first evaluation's prompt set (the evaluation now uses
+    :func:`toy_eval_items`)."""
     import torch
 
-    from .world import all_captions
+    from .world import v1_captions
 
-    captions = all_captions()
+    captions = v1_captions()
     order = torch.randperm(len(captions), generator=torch.Generator().manual_seed(seed)).tolist()
     return [captions[i] for i in order[:n]]

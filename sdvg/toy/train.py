@@ -26,7 +26,7 @@ import torch
 
 from ..errors import ConfigError
 from .dit_train import CaptionBank, DiTSpec, DiTTrainSettings, original_state_dict, train_dit
-from .world import CLIP_FRAMES, all_captions, render_batch
+from .world import CLIP_FRAMES, all_captions, render_batch, v1_captions
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +47,11 @@ class ToyTrainConfig:
 
     seed: int = 0
     vae_clips: int = 512
-    target: DiTSpec = field(default_factory=lambda: DiTSpec(heads=3, head_dim=64, ffn=768, layers=4))
-    drafter: DiTSpec = field(default_factory=lambda: DiTSpec(heads=4, head_dim=32, ffn=512, layers=2))
-    target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=7000, seed=1))
-    drafter_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=4000, seed=2))
+    # patch 1×1: 64 tokens a frame (at patch 2×2 — 16 tokens, one per 16×16 px — the first target ignored shape words)
+    target: DiTSpec = field(default_factory=lambda: DiTSpec(heads=2, head_dim=64, ffn=512, layers=4, patch=1))
+    drafter: DiTSpec = field(default_factory=lambda: DiTSpec(heads=2, head_dim=32, ffn=256, layers=2, patch=1))
+    target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=3000, batch=8, seed=11))
+    drafter_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=2000, batch=8, seed=12))
     critic_steps: int = 1500
 
     def scaled(self, max_steps: int | None) -> ToyTrainConfig:
@@ -78,7 +79,7 @@ def _fit_vae(cfg: ToyTrainConfig, path: Path) -> None:
 def _write_text(path: Path) -> None:
     from ..fixtures.tiny import write_tiny_text_encoder
 
-    made = write_tiny_text_encoder(path.parent.parent, filename=path.name, extra_sentences=tuple(all_captions()))
+    made = write_tiny_text_encoder(path.parent.parent, filename=path.name, extra_sentences=tuple(v1_captions()))
     assert made["text_encoder"] == path
 
 
@@ -105,7 +106,8 @@ def _export_dit(role: str, model, spec: DiTSpec, path: Path, work: Path) -> None
 
 
 def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTrainConfig | None = None,
-              stages: tuple[str, ...] = STAGES, progress: Callable[[dict], None] | None = None) -> dict[str, Path]:
+              stages: tuple[str, ...] = STAGES, progress: Callable[[dict], None] | None = None,
+              command: str = "python -m sdvg toy train", warm_start: str | Path | None = None) -> dict[str, Path]:
     """Run the stages into the models tree ``out`` (states in ``work``; default: ``<out>_work`` beside it, or for the
     committed tree the cache folder's ``toy-train``, so nothing is written into the package but the models)."""
     cfg = config or ToyTrainConfig()
@@ -134,15 +136,48 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
             spec = cfg.target if stage == "target" else cfg.drafter
             settings = cfg.target_train if stage == "target" else cfg.drafter_train
             model = train_dit(stage, spec, settings, open_vae(paths["vae"], device="cpu", dtype="fp32"),
-                              _text_bank(out), work, progress=progress)
+                              _text_bank(out), work, progress=progress,
+                              on_save=lambda m, step, st=stage, sp=spec: _checkpoint(st, m, sp, step, out, work),
+                              warm_start=_warm_start(warm_start, stage))
             _export_dit(stage, model, spec, paths[key], work)
         else:
             from .critic_train import train_critic
 
             train_critic(paths, cfg, work, progress=progress)
-        log[stage] = {"seconds": round(time.perf_counter() - t0, 1), **_stage_info(stage, cfg, work)}
+        log[stage] = {"seconds": round(time.perf_counter() - t0, 1), "command": command,
+                      **_stage_info(stage, cfg, work)}
         _write_stamp(out, cfg, log)
     return paths
+
+
+CHECKPOINTS = "checkpoints"  # beside the models in the tree: the latest EMA export of a DiT still training
+
+
+def _warm_start(folder: str | Path | None, role: str) -> tuple[Path, int] | None:
+    """(file, step) of a checkpoints folder's export of ``role`` (``--warm-start``), None when it has none."""
+    if folder is None:
+        return None
+    info = Path(folder) / f"{role}.json"
+    path = Path(folder) / Path(FILES[role]).name
+    if not info.is_file() or not path.is_file():
+        return None
+    return path, int(json.loads(info.read_text(encoding="utf-8"))["step"])
+
+
+def _checkpoint(role: str, model, spec: DiTSpec, step: int, out: Path, work: Path) -> None:
+    """Export the EMA under ``<out>/checkpoints/`` (the file format of the finished model, bf16 for the target) with
+    its step and recent loss, so a run in progress can be evaluated and committed."""
+    from ..loaders.checkpoint import torch_load
+
+    folder = out / CHECKPOINTS
+    path = folder / Path(FILES[role]).name
+    tmp = path.with_name("partial-" + path.name)
+    _export_dit(role, model, spec, tmp, work)
+    tmp.replace(path)
+    losses = torch_load(work / f"state_{role}.pt")["losses"]
+    tail = losses[-200:]
+    info = {"role": role, "step": step, "loss_mean_200": sum(tail) / max(1, len(tail)), "spec": asdict(spec)}
+    (folder / f"{role}.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
 def default_work_dir(out: Path) -> Path:

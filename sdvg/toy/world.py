@@ -2,8 +2,9 @@
 
 Everything is procedural and seeded (no data files): a :class:`Scene` is drawn from a ``torch.Generator``, its
 caption comes from a template ("a red circle moving left on a black background") and :func:`render` draws its
-frames with anti-aliased edges from a signed distance. The world is deliberately small (three shapes, three object
-colours, two backgrounds, four directions, large objects) so that models of a few million parameters learn it on
+frames with anti-aliased edges from a signed distance. The world is deliberately small (three shapes, six object
+colours, three backgrounds, four directions, large objects; 216 captions, a third of them held out of
+training) so that models of a few million parameters learn it on
 a CPU; :func:`parse_caption` reads a caption back, so the judge can compare a video with what was asked.
 
 Frames are ``[N, H, W, 3]`` float32 in [0, 1] like the pipeline's output. A clip of ``n`` pixel frames moves the
@@ -21,8 +22,11 @@ import torch
 from ..errors import ConfigError
 
 SHAPES = ("circle", "square", "triangle")
-OBJECT_COLOURS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.2), "blue": (0.15, 0.3, 0.95)}
-BACKGROUNDS = {"black": (0.05, 0.05, 0.05), "white": (0.95, 0.95, 0.95)}
+OBJECT_COLOURS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.2), "blue": (0.15, 0.3, 0.95),
+                  "yellow": (0.95, 0.85, 0.1), "magenta": (0.85, 0.15, 0.8), "cyan": (0.1, 0.8, 0.85)}
+BACKGROUNDS = {"black": (0.05, 0.05, 0.05), "white": (0.95, 0.95, 0.95), "grey": (0.5, 0.5, 0.5)}
+#: the first world's palette (72 captions): the toy tokenizer was trained on these captions and is kept as it was
+V1_COLOURS, V1_BACKGROUNDS = ("red", "green", "blue"), ("black", "white")
 DIRECTIONS = {"left": (-1.0, 0.0), "right": (1.0, 0.0), "up": (0.0, -1.0), "down": (0.0, 1.0)}
 ATTRIBUTES = ("background", "colour", "shape", "direction")
 SIZE = 64  # the toy world's frames are 64×64 pixels (8×8 latents)
@@ -72,8 +76,33 @@ def parse_caption(text: str) -> dict[str, str]:
 
 
 def all_captions() -> list[str]:
-    """Every caption the world can write (72), in a fixed order."""
+    """Every caption the world can write (216), in a fixed order."""
     return [caption_of(c, s, d, b) for b in BACKGROUNDS for c in OBJECT_COLOURS for s in SHAPES for d in DIRECTIONS]
+
+
+def v1_captions() -> list[str]:
+    """The first world's 72 captions (three colours, two backgrounds): the text the toy tokenizer was trained on."""
+    return [caption_of(c, s, d, b) for b in V1_BACKGROUNDS for c in V1_COLOURS for s in SHAPES for d in DIRECTIONS]
+
+
+def is_held_out(caption: str) -> bool:
+    """Whether a caption is in the held-out third (72 of 216) that training never sees: the sum of its attribute
+    indices is a multiple of 3. Every pair of attribute values still occurs in training, so a held-out caption is
+    a new combination of words the models know."""
+    a = parse_caption(caption)
+    idx = (list(BACKGROUNDS).index(a["background"]) + list(OBJECT_COLOURS).index(a["colour"])
+           + SHAPES.index(a["shape"]) + list(DIRECTIONS).index(a["direction"]))
+    return idx % 3 == 0
+
+
+def train_captions() -> list[str]:
+    """The 144 captions training draws from."""
+    return [c for c in all_captions() if not is_held_out(c)]
+
+
+def held_out_captions() -> list[str]:
+    """The 72 captions no toy model is trained on (the evaluation's prompts)."""
+    return [c for c in all_captions() if is_held_out(c)]
 
 
 def _uniform(gen: torch.Generator, lo: float, hi: float) -> float:
@@ -155,8 +184,11 @@ def render(scene: Scene, frames: int = CLIP_FRAMES, *, size: int = SIZE, start: 
 
 
 def render_batch(gen: torch.Generator, batch: int, frames: int = CLIP_FRAMES, *, size: int = SIZE,
-                 captions: list[str] | None = None) -> tuple[torch.Tensor, list[Scene]]:
-    """``[B, frames, size, size, 3]`` clips of random scenes (or of ``captions``) and their scenes."""
+                 captions: list[str] | None = None, pool: list[str] | None = None) -> tuple[torch.Tensor, list[Scene]]:
+    """``[B, frames, size, size, 3]`` clips of random scenes (or of ``captions``; or of captions drawn from
+    ``pool``) and their scenes."""
+    if captions is None and pool is not None:
+        captions = [pool[int(torch.randint(len(pool), (), generator=gen))] for _ in range(batch)]
     scenes = [sample_scene(gen, frames=frames, caption=None if captions is None else captions[i])
               for i in range(batch)]
     return torch.stack([render(s, frames, size=size) for s in scenes]), scenes
