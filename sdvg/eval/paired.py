@@ -11,13 +11,11 @@ was measured (``m_judge``), else the mean ImageReward.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..outputs.files import write_atomic
 from .stats import bootstrap_ci, mean_or_none
-from .summary import JUDGE, METRIC_PREFIX, cell, num
+from .summary import JUDGE, METRIC_PREFIX, num, write_csv
 
 PAIRS = {"sdvg": "random", "sdvg-rate": "random-rate"}
 PAIRED = "paired.csv"
@@ -59,14 +57,7 @@ def paired_differences(rows: Sequence[Mapping[str, str]], *, seed: int = 0) -> l
 
 
 def write_paired(items: Sequence[dict], path: Path) -> Path:
-    def write(tmp: Path) -> None:
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
-            w.writeheader()
-            for it in items:
-                w.writerow({c: cell(it.get(c)) for c in COLUMNS})
-
-    return write_atomic(path, write)
+    return write_csv(items, COLUMNS, path)
 
 
 def format_paired(items: Sequence[dict]) -> str:

@@ -103,12 +103,17 @@ def write_summary(summary: Sequence[dict], path: Path) -> Path:
     cols = ["method", "tau", "prompts", *_with_ci(["speedup", "speedup_real"]), "acceptance", *_with_ci([*metrics[:1], *QUALITY,
                                                                                         *metrics[1:]]), "pareto"]
 
+    return write_csv(summary, cols, path)
+
+
+def write_csv(rows: Sequence[Mapping], cols: Sequence[str], path: Path) -> Path:
+    """``rows`` as a CSV of ``cols`` (each value through :func:`cell`), written atomically."""
     def write(tmp: Path) -> None:
         with tmp.open("w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
+            w = csv.DictWriter(fh, fieldnames=list(cols), lineterminator="\n", extrasaction="ignore")
             w.writeheader()
-            for s in summary:
-                w.writerow({c: cell(s.get(c)) for c in cols})
+            for row in rows:
+                w.writerow({c: cell(row.get(c)) for c in cols})
 
     return write_atomic(path, write)
 
