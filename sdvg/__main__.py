@@ -8,7 +8,7 @@ import sys
 # costs nothing and leaves no worker to join. Set before anything imports numpy, unless the user chose a value.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .cli.exits import EXIT_CANCELLED  # noqa: E402 - no torch: a module of constants
+from .stop import EXIT_CANCELLED  # noqa: E402 - no torch: constants and signal handling only
 
 try:  # Ctrl-C while torch and the rest import (seconds): a plain exit 130, not a traceback out of some import
     from .cli.commands import main

@@ -4,50 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from dataclasses import replace
 
 from .. import ConfigError, SDVGError
 from ..sampling import STEP_NOISES, SamplerConfig
+from ..stop import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK, StopSignals
 from . import args as cli_args
-from .exits import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK, EXIT_SIGTERM
-
-
-class _StopSignals:
-    """Ctrl-C (SIGINT) and SIGTERM (container stops, ``timeout``, job schedulers) during a run: the first stops after
-    the current denoising step and the finished blocks are written; a second one aborts."""
-
-    NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-    def __init__(self, log) -> None:
-        self.log = log
-        self.received: int | None = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> _StopSignals:
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.NAMES}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is not None:  # the second signal: abort now
-            if signum == signal.SIGTERM:
-                raise SystemExit(EXIT_SIGTERM)
-            raise KeyboardInterrupt
-        self.received = signum
-        self.log(f"\n{self.NAMES[signum]}: stopping after the current step and writing what is finished "
-                 f"({self.NAMES[signum]} again to abort).")
-
-    def requested(self) -> bool:
-        return self.received is not None
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_SIGTERM if self.received == signal.SIGTERM else EXIT_CANCELLED
 
 
 class _StreamedVideo:
@@ -144,7 +107,7 @@ def cmd_generate(args) -> int:
         stream.write(event)
         progress.block(event)
 
-    with _StopSignals(log) as stop:
+    with StopSignals(log) as stop:
         try:
             result = sampler.run(prompt, on_block=on_block, on_step=progress.step, cancel=stop.requested, video=video,
                                  init=init)

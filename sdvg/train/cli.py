@@ -128,14 +128,14 @@ def cmd_diagonal(args) -> int:
         return _dry_run(cfg, args)
     _check_files(cfg)
     set_cpu_threads(args.threads)
-    from ..cli.commands import _StopSignals
+    from ..stop import StopSignals
     from .loop import train_diagonal
 
     def say(message: str) -> None:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
 
-    with _StopSignals(say) as signals:  # the first Ctrl-C / SIGTERM: save after this iteration, exit 130 / 143
+    with StopSignals(say) as signals:  # the first Ctrl-C / SIGTERM: save after this iteration, exit 130 / 143
         res = train_diagonal(cfg, progress=_Bar(), notify=say, stop=signals.requested)
     sys.stdout.write(f"student    {res.student}\nsteps      {res.steps}\ns/iter     {res.s_per_iter:.3f}\n"
                      f"peak MiB   {res.peak_memory_mb:.0f}\n")
