@@ -189,7 +189,7 @@ def core_wan_weights(model) -> CoreWeights:
 
     # a ComfyUI-GGUF MODEL holds GGMLTensor weights (kept quantized: QuantTensor), a scaled-fp8 MODEL fp8 weights
     # with scale_weight / weight_scale entries (kept as fp8 + scale)
-    weights, scales = split_scales({k[len(CORE_PREFIX):]: v for k, v in model.model_state_dict(CORE_PREFIX).items()})
+    weights, scales = split_scales(_core_state(model, dm))
     patches = dict(getattr(model, "patches", {}) or {})
     if getattr(model, "hook_patches", None):
         logger.warning("SDVG DiT from MODEL: the MODEL's hook patches (scheduled LoRAs) are not applied")
@@ -212,6 +212,15 @@ def core_wan_weights(model) -> CoreWeights:
     shapes = {k: tuple(int(d) for d in v.shape) for k, v in weights.items()}
     nbytes = sum(core_nbytes(v) for v in (*weights.values(), *scales.values())) if quantized else None
     return CoreWeights(shapes, read, int(getattr(dm, "num_heads", 0)) or None, stored, identity, nbytes)
+
+
+def _core_state(model, dm) -> dict:
+    """The DiT's weights by key. ComfyUI-GGUF's state dict is a stand-in for its memory estimate (meta tensors and a
+    ``temp.weight`` entry), so a GGUF MODEL's weights are read from its layers (GGMLTensor parameters) instead."""
+    params = dict(dm.named_parameters())
+    if any(getattr(v, "tensor_type", None) is not None for v in params.values()):
+        return params
+    return {k[len(CORE_PREFIX):]: v for k, v in model.model_state_dict(CORE_PREFIX).items()}
 
 
 # --------------------------------------------------------------------------------------------- folders

@@ -125,6 +125,10 @@ CASES = [
      "This run's outputs need about"),
     ("inputs", GEN + OUT + ["--reward", "{t}/headless/sdvg_tiny_image_reward.pt"],
      "attention head counts cannot be read from the weights' shapes"),
+    # training configs (every key's type and range: tests/test_train_user.py)
+    ("settings", ["train", "diagonal", "--config", "{t}/lr.json", "--out", "{t}/tr"], "lr must be > 0, got -1"),
+    ("settings", ["train", "diagonal", "--config", "{t}/batch.json", "--out", "{t}/tr"],
+     "batch must be int, got 'eight'"),
 ]
 
 
@@ -140,6 +144,8 @@ def place(tiny_dir, tmp_path_factory):
     (t / "empty.pt").write_bytes(b"")
     (t / "latin.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     (t / "p.txt").write_text("a fox\n")
+    (t / "lr.json").write_text('{"lr": -1}')
+    (t / "batch.json").write_text('{"batch": "eight"}')
     save_file({"w": torch.zeros(2)}, str(t / "model.safetensors"))
     (t / "bomb.png").write_bytes(png_header(100_000, 100_000))
     Image.new("RGB", (1, 1)).save(t / "one.png")

@@ -261,7 +261,7 @@ def test_a_target_that_produces_nan_is_an_execution_error_naming_it_and_the_serv
 def test_a_fault_in_block_3_saves_the_3_finished_blocks_and_shows_the_error_on_the_node(server):
     """on_fault keep finished blocks (the default): pattern AAAR without a forced block 0 sends block 3 to the NaN
     target; the node outputs blocks 0-2, SaveVideo saves them, and the error reaches the node's timeline."""
-    from sdvg.outputs.video import read_mp4_frame_count
+    from sdvg.outputs import read_video_frames
 
     prompt = tiny_prompt(blocks=4)
     node = sampler_id(prompt)
@@ -277,7 +277,7 @@ def test_a_fault_in_block_3_saves_the_3_finished_blocks_and_shows_the_error_on_t
     assert ours and "block 3" in ours[0]["output"]["sdvg_timeline"][0]["fault"]
     saved = [o for o in log.of("executed") if o["output"] and "images" in o["output"] and o["output"].get("animated")]
     files = [Path(server.tmp) / "out" / i["subfolder"] / i["filename"] for o in saved for i in o["output"]["images"]]
-    assert files and read_mp4_frame_count(files[-1]) == 12 * 3 - 3  # the 3 finished blocks, saved
+    assert files and len(read_video_frames(files[-1])) == 12 * 3 - 3  # the 3 finished blocks, saved
     assert server.alive()
 
 
