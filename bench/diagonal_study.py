@@ -127,7 +127,7 @@ def training_info(out: Path, names: list[str]) -> dict:
 
 
 def plot_losses(out: Path, info: dict) -> Path:
-    from sdvg.outputs.plotting import Chart, nice_range
+    from sdvg.outputs.plotting import Chart
 
     colors = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14)]
     chart = Chart(900, 420, (70, 40, 700, 370), title="Diagonal Distillation (toy): fake-score loss (solid) and "
@@ -138,16 +138,23 @@ def plot_losses(out: Path, info: dict) -> Path:
             pts = t["losses"].get(key, [])
             if pts:
                 series.append((name, key, color, dashed, _smooth(pts, 25)[::10]))  # every 10th: dashes show
-    xs = [p[0] for s in series for p in s[4]]
-    ys = [p[1] for s in series for p in s[4]]
-    chart.set_range(nice_range(xs, pad=0.0), nice_range(ys, include=[0.0]))
-    chart.frame()
-    chart.x_ticks([round(v) for v in _ticks(chart.x_range)], lambda v: f"{v:.0f}", label="iteration")
-    chart.y_ticks(_ticks(chart.y_range), lambda v: f"{v:.2f}")
+    loss_axes(chart, [s[4] for s in series])
     for _name, _key, color, dashed, pts in series:
         chart.line(pts, color, dashed=dashed)
     chart.legend((715, 50), [(name, color, "line") for name, color in zip(info, colors, strict=False)])
     return chart.save(out / "losses.png")
+
+
+def loss_axes(chart, curves: list[list[tuple[float, float]]]) -> None:
+    """Range, frame and ticks of a loss-per-iteration chart over ``curves`` (lists of (iteration, loss))."""
+    from sdvg.outputs.plotting import nice_range
+
+    xs = [p[0] for pts in curves for p in pts]
+    ys = [p[1] for pts in curves for p in pts]
+    chart.set_range(nice_range(xs, pad=0.0), nice_range(ys, include=[0.0]))
+    chart.frame()
+    chart.x_ticks([round(v) for v in _ticks(chart.x_range)], lambda v: f"{v:.0f}", label="iteration")
+    chart.y_ticks(_ticks(chart.y_range), lambda v: f"{v:.2f}")
 
 
 def _ticks(r: tuple[float, float], n: int = 5) -> list[float]:

@@ -149,9 +149,9 @@ def plot(out: Path) -> Path:
     """``losses.png``: the ODE stage's regression, the DMD stage's generator (DMD) and fake-score losses, moving mean
     of 25, from each stage's ``train.json``."""
     sys.path.insert(0, str(REPO / "bench"))
-    from diagonal_study import _smooth, _ticks
+    from diagonal_study import _smooth, loss_axes
 
-    from sdvg.outputs.plotting import Chart, nice_range
+    from sdvg.outputs.plotting import Chart
 
     curves = [("ode", "regression", (44, 160, 44), "ODE init: regression"),
               ("dmd-from-teacher", "dmd", (214, 39, 40), "DMD: generator (DMD term)"),
@@ -160,14 +160,10 @@ def plot(out: Path) -> Path:
     series = []
     for stage_name, key, color, label in curves:
         path = out / stage_name / "train.json"
-        if path.is_file() and json.loads(path.read_text())["losses"].get(key):
-            series.append((label, color, _smooth(json.loads(path.read_text())["losses"][key], 25)))
-    xs = [p[0] for s in series for p in s[2]]
-    ys = [p[1] for s in series for p in s[2]]
-    chart.set_range(nice_range(xs, pad=0.0), nice_range(ys, include=[0.0]))
-    chart.frame()
-    chart.x_ticks([round(v) for v in _ticks(chart.x_range)], lambda v: f"{v:.0f}", label="iteration")
-    chart.y_ticks(_ticks(chart.y_range), lambda v: f"{v:.2f}")
+        pts = json.loads(path.read_text())["losses"].get(key) if path.is_file() else None
+        if pts:
+            series.append((label, color, _smooth(pts, 25)))
+    loss_axes(chart, [s[2] for s in series])
     for _label, color, pts in series:
         chart.line(pts, color)
     chart.legend((655, 50), [(label, color, "line") for label, color, _ in series])
