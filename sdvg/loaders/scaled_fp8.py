@@ -26,7 +26,6 @@ SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
 SCALE_MARKERS = (".scale_input", ".input_scale", ".comfy_quant")
 FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-_SAFETENSORS_BYTES = {torch.float64: 8, torch.float32: 4, torch.int64: 8, torch.int32: 4}
 
 
 def stored_nbytes(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, torch.dtype | None]) -> dict[str, int]:

@@ -36,9 +36,14 @@ def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
 def _nibbles(qs: torch.Tensor, groups: int) -> torch.Tensor:
     """``qs [n, groups*32]`` bytes → ``[n, groups*2, 32]`` 4-bit values: per 32-byte group its low nibbles, then its
     high nibbles."""
-    q = qs.reshape(qs.shape[0], groups, 1, 32)
-    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=qs.device).reshape(1, 1, 2, 1)
-    return ((q >> shifts) & 0x0F).reshape(qs.shape[0], groups * 2, 32)
+    return _bit_fields(qs.reshape(qs.shape[0], groups, 32), 4, 2).reshape(qs.shape[0], groups * 2, 32)
+
+
+def _bit_fields(q: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """``q [..., k, m]`` bytes → ``[..., k, count, m]``: the ``count`` fields of ``width`` bits of each byte, lowest
+    first (shifts by Python ints: no constant tensor is made or copied to the device per call)."""
+    mask = (1 << width) - 1
+    return torch.stack([(q >> (i * width)) & mask for i in range(count)], dim=-2)
 
 
 def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,8 +80,7 @@ def _q5_k(blocks: torch.Tensor) -> torch.Tensor:  # 256 values: d, dmin, 12 scal
     d = (_f16(blocks, 0) * sc).reshape(n, 8, 1)
     dm = (_f16(blocks, 2) * mn).reshape(n, 8, 1)
     low = _nibbles(blocks[:, 48:], 4)
-    bits = torch.arange(8, dtype=torch.uint8, device=blocks.device).reshape(1, 8, 1)
-    high = (blocks[:, 16:48].reshape(n, 1, 32) >> bits) & 0x01
+    high = _bit_fields(blocks[:, 16:48].reshape(n, 1, 32), 1, 8).reshape(n, 8, 32)
     q = (low | (high << 4)).to(torch.float32)
     return (d * q - dm).reshape(n, QK_K)
 
@@ -85,12 +89,8 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:  # 256 values: 128 low-nibble b
     n = blocks.shape[0]
     scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
     d = (_f16(blocks, 208) * scales).reshape(n, 16, 1)
-    ql = blocks[:, :128].reshape(n, 2, 1, 64)
-    ql = ((ql >> torch.tensor([0, 4], dtype=torch.uint8, device=blocks.device).reshape(1, 1, 2, 1)) & 0x0F)
-    ql = ql.reshape(n, 8, 32)
-    qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
-    qh = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=blocks.device).reshape(1, 1, 4, 1)) & 0x03
-    qh = qh.reshape(n, 8, 32)
+    ql = _bit_fields(blocks[:, :128].reshape(n, 2, 64), 4, 2).reshape(n, 8, 32)
+    qh = _bit_fields(blocks[:, 128:192].reshape(n, 2, 32), 2, 4).reshape(n, 8, 32)
     q = (ql | (qh << 4)).to(torch.int8) - 32
     return (d * q.reshape(n, 16, 16).to(torch.float32)).reshape(n, QK_K)
 
@@ -268,7 +268,3 @@ def quant_summary(model: nn.Module) -> dict[str, int]:
     return out
 
 
-def dequantized_bytes(model: nn.Module, dtype: torch.dtype) -> int:
-    """The largest transient weight one QuantLinear call materialises (the forward's extra memory)."""
-    largest = max((m.in_features * m.out_features for m in quantized_layers(model).values()), default=0)
-    return largest * torch.empty((), dtype=dtype).itemsize
