@@ -33,7 +33,7 @@ from .config import SamplerConfig
 from .context_frames import ContextFrames
 from .history import BlockHistory, DenoiseResult, HistoryBlock
 from .meter import RunMeter
-from .prompt_schedule import PromptSchedule
+from .prompt_schedule import PromptSchedule, check_prompt
 from .results import BlockEvent, BlockRecord, SDVGResult, StepEvent
 from .retention import drop_old_history, footprint, output_store
 from .router import Router, RouterConfig, RouteRecord, runs_model
@@ -217,6 +217,7 @@ class _Run:
             prompt = self.prompts.prompt_at(0)
         if not isinstance(prompt, str):
             raise ConfigError("The prompt must be a string (the reward model scores frames against it).")
+        check_prompt(prompt, "The prompt")  # an empty one is refused in the API too, not only in the CLI and nodes
         self.s, self.prompt = sampler, prompt
         cfg, models = sampler.config, sampler.models
         compat = self.compat = cfg.compat
@@ -244,11 +245,10 @@ class _Run:
 
     def _compose_stages(self, cancel, on_step) -> None:
         """The model stages and the verifier, each handed its collaborators (none calls back into the run)."""
-        cfg, prompt = self.s.config, self.prompt
+        cfg = self.s.config
         self.decoding = Decoding(self.vae, self.meter, self.hooks)
-        prompt_at = self.prompts.prompt_at if self.prompts is not None else (lambda _block: prompt)
         self.scoring = None if self.reward is None else Scoring(self.reward, self.meter, self.hooks,
-                                                                self.decoding.device, prompt_at,
+                                                                self.decoding.device, self.prompt_at,
                                                                 self.compat.reward_preprocess)
         self.denoising = Denoising(cfg, self.s.schedules, self.noise, self.meter, video=self.video, cancel=cancel,
                                    on_step=on_step)
