@@ -60,6 +60,7 @@ class _Dist:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.on = self.world > 1
+        self.device = device  # collectives run on it: NCCL takes no CPU tensors
         if self.on and not torch.distributed.is_initialized():
             torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
@@ -72,9 +73,17 @@ class _Dist:
     def mean(self, values: dict[str, float]) -> dict[str, float]:
         if not self.on or not values:
             return values
-        t = torch.tensor(list(values.values()), dtype=torch.float64)
+        t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t)
         return dict(zip(values, (t / self.world).tolist(), strict=True))
+
+    def any(self, flag: bool) -> bool:
+        """Whether any rank's ``flag`` is set (every rank gets the same answer); the flag itself in one process."""
+        if not self.on:
+            return flag
+        t = torch.tensor([float(flag)], device=self.device)
+        torch.distributed.all_reduce(t)
+        return bool(t.item() > 0)
 
     def barrier(self) -> None:
         if self.on:
@@ -375,10 +384,7 @@ class _Trainer:
         """Whether to save now: every ``save_every`` iterations or ``save_every_minutes``, and at the last step."""
         cfg = self.cfg
         minutes = cfg.save_every_minutes > 0 and time.monotonic() - self.saved_at >= 60 * cfg.save_every_minutes
-        if self.dist.on:  # every rank must agree (the save has a barrier)
-            flag = torch.tensor([float(minutes)])
-            torch.distributed.all_reduce(flag)
-            minutes = bool(flag.item() > 0)
+        minutes = self.dist.any(minutes)  # every rank must agree (the save has a barrier)
         return self.step % cfg.save_every == 0 or self.step == cfg.steps or minutes
 
     def save(self) -> None:
@@ -447,12 +453,7 @@ def peak_memory_mb(dev: torch.device) -> float:
 
 def _stop_now(stop: Callable[[], bool] | None, dist: _Dist) -> bool:
     """Whether ``stop()`` asks to end the run; under torchrun any rank's signal stops every rank at the same step."""
-    asked = bool(stop is not None and stop())
-    if not dist.on:
-        return asked
-    flag = torch.tensor([float(asked)])
-    torch.distributed.all_reduce(flag)
-    return bool(flag.item() > 0)
+    return dist.any(bool(stop is not None and stop()))
 
 
 def train_diagonal(cfg: DiagonalTrainConfig, *, progress: Callable[[dict], None] | None = None,
