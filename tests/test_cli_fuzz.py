@@ -115,7 +115,7 @@ def command_lines(draw) -> list[str]:
 VALID = {
     "--blocks": ["1", "2"], "--seed": ["0", "7"], "--cache": ["recompute", "global", "noisy"],
     "--positions": ["absolute", "window"], "--schedule": ["constant", "diagonal", "1000,500"],
-    "--step-noise": ["fresh", "predicted"], "--mode": ["speculative", "target-only", "draft-only", "random"],
+    "--step-noise": ["fresh", "predicted"], "--mode": ["reward", "target-only", "draft-only", "random"],
     "--aggregation": ["min", "mean", "quantile"], "--threshold": ["fixed", "relative"], "--tau": ["0.3", "-inf", "inf"],
     "--refine-from-step": ["1"], "--cascade": ["0", "4"], "--first-frame": ["reencode", "latent"],
     "--report": ["{t}/o/r.json"], "--timeline": ["{t}/o/t.png"], "--save-latents": ["{t}/o/l.safetensors"],

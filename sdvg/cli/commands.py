@@ -209,6 +209,10 @@ def cmd_eval(args) -> int:
     rates = parse_taus(rate_text) if rate_text else ()
     if not rates:
         methods = tuple(m for m in methods if m not in ("sdvg-rate", "random-rate"))
+    elif args.ray and {"sdvg-rate", "random-rate"} & set(methods):
+        methods = tuple(m for m in methods if m not in ("sdvg-rate", "random-rate"))
+        log("eval --ray: the target-rate rows (sdvg-rate, random-rate) are not run on Ray (their threshold pools "
+            "one process's scores) and paired.csv is not written; run without --ray for them")
     seeds = None if args.prompts is not None else world["seeds"]
     prompts = read_prompts(args.prompts) if args.prompts is not None else world["prompts"]
     prompts = prompts[: args.limit] if args.limit else prompts
