@@ -215,9 +215,12 @@ def main() -> None:
     ap.add_argument("--plot", action="store_true", help="write losses.png from the stages' train.json and exit")
     ap.add_argument("--export", nargs=2, metavar=("SRC", "DST"), help="write SRC student.pt's EMA in bf16 to DST")
     ap.add_argument("--final", help="measure this student.pt on the final held-out pairs (final.json) and exit")
-    ap.add_argument("--dmd-init", choices=["ode", "teacher"], default="ode", help="teacher: DMD straight from the "
-                    "teacher's weights (it already samples on the student's schedule), skipping the ODE stage")
+    ap.add_argument("--dmd-init", default="ode", help="ode (default), teacher: DMD straight from the teacher's "
+                    "weights (it already samples on the student's schedule), skipping the ODE stage, or a student "
+                    ".pt to warm-start DMD from (its weights only: a fresh fake score and optimiser, stage dmd-warm)")
     args = ap.parse_args()
+    if args.dmd_init not in ("ode", "teacher") and not Path(args.dmd_init).is_file():
+        ap.error(f"--dmd-init {args.dmd_init}: no such file (give ode, teacher or a student .pt)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
 
@@ -240,6 +243,9 @@ def main() -> None:
         from sdvg.toy.preset import toy_files
 
         stage("dmd-from-teacher", dmd_config(args, toy_files()["target"]), out, args.dmd_steps, args.chunk, None)
+        return
+    if args.dmd_init != "ode":
+        stage("dmd-warm", dmd_config(args, Path(args.dmd_init)), out, args.dmd_steps, args.chunk, None)
         return
     student = stage("ode", ode_config(args), out, args.ode_steps, args.chunk, goal)
     if not args.skip_dmd:

@@ -47,10 +47,11 @@ class ToyTrainConfig:
 
     seed: int = 0
     vae_clips: int = 512
-    # patch 1×1: 64 tokens a frame (at patch 2×2 — 16 tokens, one per 16×16 px — the first target ignored shape words)
+    # patch 1×1: 64 tokens a frame (at patch 2×2 — 16 tokens, one per 16×16 px — the first target ignored shape words);
+    # 20,000 steps × 8 = 160k clips (the first-world target saw 112k; at 2,250 steps this one drew no object yet)
     target: DiTSpec = field(default_factory=lambda: DiTSpec(heads=2, head_dim=64, ffn=512, layers=4, patch=1))
     drafter: DiTSpec = field(default_factory=lambda: DiTSpec(heads=2, head_dim=32, ffn=256, layers=2, patch=1))
-    target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=3000, batch=8, seed=11))
+    target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=20000, batch=8, seed=11))
     drafter_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=2000, batch=8, seed=12))
     critic_steps: int = 1500
 
