@@ -13,6 +13,12 @@ LATENT_CHANNELS = 16  # Wan 2.1 latent channels
 VAE_SCALE = 8  # pixels per latent cell, each spatial axis
 SPATIAL_MULTIPLE = 16  # VAE ×8, then the DiT's 2×2 patches
 PIXELS_PER_LATENT_FRAME = 4  # after the first latent frame of a video
+ROPE_POSITIONS = 1024  # Wan 2.1's RoPE table (positions per axis) when a DiT's config does not say
+
+
+def rope_positions(dit_config) -> int:
+    """Positions per axis a DiT's RoPE table holds (its ``rope_max_seq_len``)."""
+    return int(dit_config.get("rope_max_seq_len", ROPE_POSITIONS))
 
 
 def pixel_frames_for_blocks(num_blocks: int) -> int:

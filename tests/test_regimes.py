@@ -34,6 +34,17 @@ def test_only_absolute_positions_run_out_of_rope_positions():
         CacheConfig("noisy", window_frames=30, positions="window").policy().check_length(10_000, 24)
 
 
+def test_a_dit_config_bounds_the_size_and_the_length_in_one_check():
+    """One rule for the sampler and the CLI's header check: tokens per axis and frame positions vs RoPE."""
+    dit = {"patch_size": (1, 2, 2), "rope_max_seq_len": 4}
+    SamplerConfig(width=64, height=32, num_blocks=1).check_dit_fits(dit)  # 8×4 latent → 4×2 tokens, 3 frames
+    with pytest.raises(ConfigError, match="RoPE range"):
+        SamplerConfig(width=80, height=32, num_blocks=1).check_dit_fits(dit)  # 5 tokens across
+    with pytest.raises(ConfigError, match="RoPE"):
+        SamplerConfig(width=64, height=32, num_blocks=2, cache=CacheConfig("global")).check_dit_fits(dit)  # 6 frames
+    SamplerConfig(width=64, height=32, num_blocks=2).check_dit_fits({"patch_size": (1, 2, 2)})  # Wan's 1024
+
+
 def test_first_frame_option_belongs_to_the_recompute_regime():
     assert CacheConfig("recompute").policy().reencodes_first_frame
     assert not CacheConfig("recompute", first_frame="latent").policy().reencodes_first_frame

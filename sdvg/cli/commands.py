@@ -96,7 +96,7 @@ def cmd_generate(args) -> int:
                          "latents": args.save_latents, "frames": args.save_frames})
     preflight.check_disk_space(plan, config)
     need = router.roles_needed
-    preflight.check_rope_length(source, need, config)
+    preflight.check_dits_fit(source, need, config)
     models = cli_args.load_from_source(source, args, need=need)
     video, init = inputs.v2v_video(args, config, models.vae), inputs.init_blocks(args, models.vae)
     sampler = SpeculativeSampler(models, router, config)

@@ -16,15 +16,14 @@ MP4_BITS_PER_PIXEL = 0.3
 MIB = 2**20
 
 
-def check_rope_length(source, need, config) -> None:
-    """Refuse a run longer than a DiT's RoPE table can position (global cache, noisy with absolute positions)
-    before anything loads, from the DiT files' headers."""
+def check_dits_fit(source, need, config) -> None:
+    """Refuse a size or a run longer than a DiT's RoPE table can position (global cache, noisy with absolute
+    positions) before anything loads, from the DiT files' headers."""
     from ..loaders import inspect_dits, model_paths
 
     paths = model_paths(source.models_dir, need, **source.files)  # every file checked, as loading would check them
     for info in inspect_dits(paths).values():
-        config.cache.policy().check_length(config.num_blocks * FRAMES_PER_BLOCK,
-                                           int(info.config.get("rope_max_seq_len", 1024)))
+        config.check_dit_fits(info.config)
 
 
 def estimated_mp4_bytes(frames: int, width: int, height: int) -> int:

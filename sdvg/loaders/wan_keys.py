@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..blocks import ROPE_POSITIONS
 from ..errors import ModelFileError
 from .checkpoint import describe_keys
 
@@ -54,7 +55,7 @@ FIXED_CONFIG = {
     "eps": 1e-6,
     "image_dim": None,
     "added_kv_proj_dim": None,
-    "rope_max_seq_len": 1024,
+    "rope_max_seq_len": ROPE_POSITIONS,
     "pos_embed_seq_len": None,
 }
 CONFIG_KEYS = (

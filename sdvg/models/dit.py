@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
+from ..blocks import rope_positions
 from ..errors import ConfigError
 from .block_attention import block_causal_attention, context_attention, sdpa
 from .kv_cache import CrossAttnCache, SelfKVCache
@@ -341,7 +342,7 @@ class CausalWanTransformer(WanTransformer3DModel):
 
     def check_rope_range(self, end_frame: int) -> None:
         """Refuse RoPE positions past the model's table (``rope_max_seq_len``): the model never saw them."""
-        limit = int(self.config.get("rope_max_seq_len", 1024))
+        limit = rope_positions(self.config)
         if end_frame > limit:
             raise ConfigError(f"RoPE frame position {end_frame - 1} is past the model's table of {limit} positions. "
                               "Use window-relative positions (noisy regime, positions='window') or the recompute "

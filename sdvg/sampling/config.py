@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..blocks import SPATIAL_MULTIPLE, VAE_SCALE, pixel_frames_for_blocks
+from ..blocks import FRAMES_PER_BLOCK, SPATIAL_MULTIPLE, VAE_SCALE, pixel_frames_for_blocks, rope_positions
 from ..errors import ConfigError
 from ..memory import physical_memory_bytes
 from .compat import Compat
@@ -115,6 +115,17 @@ class SamplerConfig:
 
     def step_noise_for(self, role: str) -> str:
         return self.drafter_step_noise if role == "drafter" and self.drafter_step_noise else self.step_noise
+
+    def check_dit_fits(self, dit_config) -> None:
+        """Refuse a size or a length that a DiT's RoPE table cannot position (from its config: a loaded model's or
+        a file header's, so the CLI checks before anything loads)."""
+        positions = rope_positions(dit_config)
+        _, p_h, p_w = dit_config["patch_size"]
+        h, w = self.latent_hw
+        if max(h // p_h, w // p_w) > positions:
+            raise ConfigError(f"{self.width}×{self.height} exceeds the model's RoPE range ({positions} tokens per "
+                              "axis): use a smaller size.")
+        self.cache.policy().check_length(self.num_blocks * FRAMES_PER_BLOCK, positions)
 
     @property
     def latent_hw(self) -> tuple[int, int]:

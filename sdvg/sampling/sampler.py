@@ -89,7 +89,7 @@ class SpeculativeSampler:
             )
         dits = [m for m in (models.target, models.drafter) if m is not None]
         for m in dits:
-            self._check_dit_fits(m)
+            cfg.check_dit_fits(m.config)
         if len(dits) == 2:
             check_dit_pair(models.target.config, models.drafter.config)
 
@@ -116,15 +116,6 @@ class SpeculativeSampler:
                     f"The text encoder is {width} wide but the {role} reads {dit.config['text_dim']}-wide prompt "
                     "embeddings: use the UMT5 encoder that belongs to these DiTs (UMT5-XXL, 4096, for Wan 2.1)."
                 )
-
-    def _check_dit_fits(self, model: torch.nn.Module) -> None:
-        cfg = self.config
-        rope_len = int(model.config.get("rope_max_seq_len", 1024))
-        _, p_h, p_w = model.config["patch_size"]
-        h, w = cfg.latent_hw
-        if max(h // p_h, w // p_w) > rope_len:
-            raise ConfigError(f"{cfg.width}×{cfg.height} exceeds the model's RoPE range ({rope_len} tokens per axis).")
-        cfg.cache.policy().check_length(cfg.num_blocks * FRAMES_PER_BLOCK, rope_len)
 
     # ------------------------------------------------------------------ public API
     def run(self, prompt: str | PromptSchedule, *, on_block: Callable[[BlockEvent], None] | None = None,
