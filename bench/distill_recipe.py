@@ -31,46 +31,68 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 QUICK_SEEDS = [9000]  # held out: the training noise comes from the run's own generators, never a sampler seed
+#: --captions: (what training reads, what the checks judge). "heldout": the world's 144 training captions, judged on
+#: its 72 held-out ones (the protocol for a teacher trained on the training captions). "v1": the first world's 72
+#: captions for both, held out by seed only — the protocol of the first-world toy target, which was trained on all of
+#: them and knows no other colour or background.
+CAPTION_SETS = {"heldout": ("train_captions", "held_out_captions"), "v1": ("v1_captions", "v1_captions")}
+_captions = {"set": "heldout"}
+
+
+def captions(role: str) -> list[str]:
+    """The training (``role`` "train") or the judged ("eval") captions of the run's ``--captions`` set."""
+    from sdvg.toy import world
+
+    train, judged = CAPTION_SETS[_captions["set"]]
+    return getattr(world, train if role == "train" else judged)()
+
+
+def prompts_file(out: Path) -> Path:
+    """The training captions as a prompt file (``data``): the trainer's "toy" bank is the current world's."""
+    path = out / f"prompts_{_captions['set']}.txt"
+    path.write_text("\n".join(captions("train")) + "\n", encoding="utf-8")
+    return path
 
 
 def ode_config(args) -> dict:
     from sdvg.toy.preset import toy_files
 
-    return {"student_init": str(toy_files()["target"]), "dmd_weight": 0.0, "flow_weight": 0.0,
+    return {"student_init": str(toy_files()["target"]), "data": str(prompts_file(Path(args.out))),
+            "text_encoder": str(toy_files()["text_encoder"]), "dmd_weight": 0.0, "flow_weight": 0.0,
             "regression_weight": 1.0, "ode_pairs": args.pairs, "batch": args.batch, "lr": args.ode_lr,
             "betas": [0.9, 0.999], "warmup": 50, "ema": 0.99, "save_every": args.chunk, "seed": 0}
 
 
 def dmd_config(args, student: Path) -> dict:
-    return {"student_init": str(student), "dmd_weight": 1.0, "flow_weight": 0.2,
+    from sdvg.toy.preset import toy_files
+
+    return {"student_init": str(student), "data": str(prompts_file(Path(args.out))),
+            "text_encoder": str(toy_files()["text_encoder"]), "dmd_weight": 1.0, "flow_weight": 0.2,
             "regression_weight": args.dmd_regression, "ode_pairs": args.pairs, "batch": args.batch,
             "lr": args.dmd_lr, "lr_fake": args.fake_lr, "gen_every": 5, "betas": [0.0, 0.999], "warmup": 20,
             "ema": 0.99, "save_every": args.chunk, "seed": 0}
 
 
-def evaluate(student: Path, seeds: list[int], captions: list[str] | None = None) -> dict:
+def evaluate(student: Path, seeds: list[int], caps: list[str] | None = None) -> dict:
     sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
-    from sdvg.toy.world import all_captions
     from sdvg.train.measure import Sampling, measure
 
     _models.cache_clear()
-    caps = captions or all_captions()
-    return measure(_models, Sampling("student", str(student)), caps, seeds)
+    return measure(_models, Sampling("student", str(student)), caps or captions("eval"), seeds)
 
 
 def teacher_row(out: Path, seeds: list[int]) -> dict:
-    path = out / f"teacher_{'_'.join(map(str, seeds))}.json"
+    path = out / f"teacher_{_captions['set']}_{'_'.join(map(str, seeds))}.json"
     if path.is_file():
         return json.loads(path.read_text())
     sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
-    from sdvg.toy.world import all_captions
     from sdvg.train.measure import Sampling, measure
 
-    row = measure(_models, Sampling("teacher", None), all_captions(), seeds)
+    row = measure(_models, Sampling("teacher", None), captions("eval"), seeds)
     path.write_text(json.dumps(row) + "\n")
     return row
 
@@ -87,21 +109,20 @@ def final(out: Path, student: Path, seeds: list[int]) -> dict:
 
     from sdvg.eval.stats import bootstrap_ci
     from sdvg.toy.preset import toy_files
-    from sdvg.toy.world import all_captions
     from sdvg.train.measure import Sampling, measure
 
     teacher = Sampling("teacher (toy target, 10 ODE steps)", None)
     students = [Sampling("student (diagonal 4-3-2, fresh noise)", str(student)),
                 Sampling("teacher weights on the student's schedule (undistilled)", str(toy_files()["target"]))]
-    rows = [measure(_models, s, all_captions(), seeds, reference=teacher) for s in students]
-    rows.append(measure(_models, teacher, all_captions(), seeds))
+    rows = [measure(_models, s, captions("eval"), seeds, reference=teacher) for s in students]
+    rows.append(measure(_models, teacher, captions("eval"), seeds))
     t = rows[-1]["accuracies"]
     for row in rows[:2]:
         pairs = list(zip(row["accuracies"], t, strict=True))
         ratio = lambda ps: sum(a for a, _ in ps) / max(1e-9, sum(b for _, b in ps))  # noqa: E731
         row["ratio"], (row["ratio_lo"], row["ratio_hi"]) = ratio(pairs), bootstrap_ci(pairs, ratio)
         row["speedup_per_video"] = rows[-1]["s_per_video"] / row["s_per_video"]
-    res = {"student": str(student), "seeds": seeds, "rows": rows, "fidelity_baselines": fidelity_baselines(seeds[0])}
+    res = {"student": str(student), "seeds": seeds, "captions": _captions["set"], "rows": rows, "fidelity_baselines": fidelity_baselines(seeds[0])}
     (out / "final.json").write_text(json.dumps(res, indent=1) + "\n")
     return res
 
@@ -115,12 +136,11 @@ def fidelity_baselines(seed: int) -> dict:
 
     from sdvg.eval.stats import bootstrap_ci
     from sdvg.toy.judge import agreement, judge
-    from sdvg.toy.world import all_captions
     from sdvg.train.measure import Sampling, _video
 
     teacher, models = Sampling("teacher", None), _models(None)
     got: dict[str, list[float]] = {"flat": [], "other_noise": [], "flat_ungated": [], "teacher_ungated": []}
-    for caption in all_captions():
+    for caption in captions("eval"):
         ref = _video(models, teacher, caption, seed, 3).frames
         flat = ref.float().mean(dim=(0, 1, 2), keepdim=True).expand_as(ref).to(ref.dtype)
         got["flat"].append(agreement(flat, ref, caption))
@@ -215,6 +235,9 @@ def main() -> None:
     ap.add_argument("--plot", action="store_true", help="write losses.png from the stages' train.json and exit")
     ap.add_argument("--export", nargs=2, metavar=("SRC", "DST"), help="write SRC student.pt's EMA in bf16 to DST")
     ap.add_argument("--final", help="measure this student.pt on the final held-out pairs (final.json) and exit")
+    ap.add_argument("--captions", choices=sorted(CAPTION_SETS), default="heldout", help="heldout (default): train on "
+                    "the world's training captions, judge its held-out ones; v1: the first world's 72 captions for "
+                    "both, held out by seed (the first-world toy target's protocol)")
     ap.add_argument("--dmd-init", default="ode", help="ode (default), teacher: DMD straight from the teacher's "
                     "weights (it already samples on the student's schedule), skipping the ODE stage, or a student "
                     ".pt to warm-start DMD from (its weights only: a fresh fake score and optimiser, stage dmd-warm)")
@@ -222,6 +245,7 @@ def main() -> None:
     if args.dmd_init not in ("ode", "teacher") and not Path(args.dmd_init).is_file():
         ap.error(f"--dmd-init {args.dmd_init}: no such file (give ode, teacher or a student .pt)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    _captions["set"] = args.captions
     import torch
 
     torch.set_num_threads(1)

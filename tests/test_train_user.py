@@ -125,3 +125,13 @@ def test_save_every_is_bounded_in_minutes_as_well_as_iterations(tmp_path, minute
     res = train_diagonal(cfg, stop=stop)
     assert seen == saves and res.steps == 4 and not res.interrupted
     assert int(torch_load(out / "state.pt")["step"]) == 4  # the last step always saves
+
+
+def test_the_toy_prompt_bank_holds_the_training_captions_only():
+    """Training on "toy" never reads a held-out caption: the evaluations judge those as new combinations."""
+    from sdvg.toy.world import held_out_captions, train_captions
+    from sdvg.train.data import load_prompts
+
+    bank = load_prompts("toy", None, None)
+    assert sorted(bank.prompts) == sorted(train_captions())
+    assert not set(bank.prompts) & set(held_out_captions())

@@ -25,7 +25,7 @@ class DiagonalTrainConfig:
     teacher: str | None = None  # the real score: a frozen DiT (any accepted format)
     student_init: str | None = None  # the generator's initial weights (a causal few-step DiT)
     fake_init: str | None = None  # the fake score's initial weights (default: the teacher's, as Self-Forcing)
-    data: str = "toy"  # "toy" | a .txt file / folder of .txt files (one prompt per line) | a text-embedding .pt cache
+    data: str = "toy"  # "toy" (the toy world's training captions) | a .txt file / folder of .txt files (one prompt per line) | a text-embedding .pt cache
     text_encoder: str | None = None  # needed for a prompt file or folder (embeddings are computed once and cached)
     out: str = "out/diagonal"
     # the video the student rolls out in training

@@ -65,9 +65,9 @@ def _read_prompts(path: Path) -> list[str]:
 def load_prompts(data: str, text_encoder: str | None, out: Path) -> PromptBank:
     if data == "toy":
         from ..toy.preset import toy_files
-        from ..toy.world import all_captions
+        from ..toy.world import train_captions
 
-        return _encode(all_captions(), text_encoder or str(toy_files()["text_encoder"]))
+        return _encode(train_captions(), text_encoder or str(toy_files()["text_encoder"]))
     path = Path(data)
     if not path.exists():
         raise ConfigError(f"Training data {path} does not exist; give 'toy', a prompt .txt file or folder, or a .pt "
