@@ -99,6 +99,11 @@ CASES = [
     ("eval", ["eval", "--prompts", "{t}/p.txt", "--out", "{t}/file.txt", "--models", "{models}"], "is a file, not a"),
     ("eval", ["eval", "--prompts", "{t}/none.txt", "--out", "{t}/ev", "--models", "{models}"], "No prompt file"),
     ("eval", EVAL + ["--metric", "nomodule:fn"], "cannot import module 'nomodule'"),
+    ("eval", EVAL + ["--methods", "target-only,sdvg-rate"], "--methods sdvg-rate: the target-rate rows need target "
+                                                            "rates: pass --rates"),
+    ("eval", EVAL + ["--rates", "0.2,half"], "--rates must be comma-separated numbers, got '0.2,half'"),
+    ("eval", EVAL + ["--methods", "target-only,sdvg-rate", "--rates", "1.5"], "strictly between 0 and 1, got [1.5]"),
+    ("eval", EVAL + ["--methods", "target-only,random-rate", "--rates", "0.5", "--ray", "auto"], "are not run on Ray"),
     ("bench", BENCH + ["--blocks", "0"], "--blocks must be at least 2"),
     ("bench", BENCH + ["--blocks", "1"], "--blocks must be at least 2"),
     ("bench", BENCH + ["--repeats", "0"], "--repeats must be at least 1"),

@@ -187,6 +187,7 @@ def cmd_eval(args) -> int:
         METHODS,
         check_eval_args,
         check_out_dir,
+        check_plan,
         evaluate,
         format_paired,
         format_summary,
@@ -206,17 +207,13 @@ def cmd_eval(args) -> int:
     check_eval_args(args.limit, args.max_rows)  # 0 or a negative number never means "all"
     taus = parse_taus(args.taus or world["taus"])
     rate_text = args.rates if args.rates is not None else world["rates"]
-    rates = parse_taus(rate_text) if rate_text else ()
-    if not rates:
-        methods = tuple(m for m in methods if m not in ("sdvg-rate", "random-rate"))
-    elif args.ray and {"sdvg-rate", "random-rate"} & set(methods):
-        methods = tuple(m for m in methods if m not in ("sdvg-rate", "random-rate"))
-        log("eval --ray: the target-rate rows (sdvg-rate, random-rate) are not run on Ray (their threshold pools "
-            "one process's scores) and paired.csv is not written; run without --ray for them")
+    rates = parse_taus(rate_text, "--rates") if rate_text else ()
+    methods = _rate_methods(methods, rates, args, log)
     seeds = None if args.prompts is not None else world["seeds"]
     prompts = read_prompts(args.prompts) if args.prompts is not None else world["prompts"]
     prompts = prompts[: args.limit] if args.limit else prompts
     seeds = seeds[: len(prompts)] if seeds is not None else None
+    check_plan(prompts, taus, methods, args.max_rows, rates)
     check_out_dir(args.out)
     if args.ray:
         from ..eval import import_ray
@@ -240,6 +237,24 @@ def cmd_eval(args) -> int:
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
     return 0
+
+
+RATE_METHODS = ("sdvg-rate", "random-rate")
+
+
+def _rate_methods(methods: tuple[str, ...], rates: tuple[float, ...], args, log) -> tuple[str, ...]:
+    """The default method list loses the target-rate rows where they cannot run (no rates, or on Ray); methods named
+    with --methods are refused there instead, with the reason, before anything loads."""
+    asked = [m for m in methods if m in RATE_METHODS]
+    if not asked or (rates and not args.ray):
+        return methods
+    why = ("need target rates: pass --rates (e.g. 0.2,0.4,0.6)" if not rates else
+           "are not run on Ray (their threshold pools one process's scores); run without --ray for them")
+    if args.methods:
+        raise ConfigError(f"--methods {','.join(asked)}: the target-rate rows {why}.")
+    if args.ray:
+        log(f"eval --ray: the target-rate rows ({', '.join(asked)}) {why}; paired.csv is not written")
+    return tuple(m for m in methods if m not in RATE_METHODS)
 
 
 def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None) -> int:

@@ -150,13 +150,14 @@ def check_out_dir(out_dir: str | Path) -> Path:
     return out
 
 
-def parse_taus(text: str) -> tuple[float, ...]:
+def parse_taus(text: str, flag: str = "--taus") -> tuple[float, ...]:
+    """Comma-separated numbers (τ, or target rates with ``flag`` "--rates": the error names the flag given)."""
     try:
         taus = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError as exc:
-        raise ConfigError(f"--taus must be comma-separated numbers, got {text!r}.") from exc
+        raise ConfigError(f"{flag} must be comma-separated numbers, got {text!r}.") from exc
     if not taus or any(not math.isfinite(t) for t in taus):
-        raise ConfigError(f"--taus needs finite numbers, got {text!r}.")
+        raise ConfigError(f"{flag} needs finite numbers, got {text!r}.")
     return taus
 
 
@@ -422,6 +423,14 @@ class PromptRunner:
 
 def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows,
                   rates: Sequence[float] = ()) -> None:
+    check_plan(prompts, taus, methods, max_rows, rates)
+    if models.reward is None:
+        raise ConfigError("The evaluation scores every output with ImageReward; no reward model was given.")
+
+
+def check_plan(prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows,
+               rates: Sequence[float] = ()) -> None:
+    """Refuse an evaluation that cannot run as asked, from its arguments alone (the CLI calls it before loading)."""
     if not prompts or "target-only" not in methods or not set(methods) <= set(METHODS):
         raise ConfigError(f"Nothing to compare: {len(prompts)} prompt(s), methods {list(methods)}. Pass prompts and "
                           f"some of {', '.join(METHODS)}, target-only among them (speedups are relative to it).")
@@ -433,8 +442,6 @@ def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods
     if any(not 0.0 < r < 1.0 for r in rates):
         raise ConfigError(f"Target rates are acceptance fractions strictly between 0 and 1, got {list(rates)}.")
     check_eval_args(max_rows=max_rows)
-    if models.reward is None:
-        raise ConfigError("The evaluation scores every output with ImageReward; no reward model was given.")
 
 
 def _declared_names(metrics) -> list[str] | None:
