@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from sdvg.fixtures.quant_files import write_fp8_scaled_dit, write_gguf_dit
 from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, random_original_state_dict
-from sdvg.loaders.from_weights import core_nbytes, core_weight, dit_from_weights, split_scales
+from sdvg.loaders.from_weights import core_nbytes, core_weight, dit_from_weights
+from sdvg.loaders.scaled_fp8 import split_scales
 from sdvg.loaders.wan import load_dit
 from sdvg.models.quant import quant_summary
 

@@ -84,17 +84,23 @@ def test_tiny_writer_is_deterministic(tmp_path, comfy):
     assert comfy.stat().st_size < 2e6
 
 
-def test_scaled_fp8_is_dequantized(tmp_path, comfy, layouts):
+@pytest.mark.parametrize("layout", ["scale_weight", "weight_scale"])
+def test_scaled_fp8_is_dequantized(tmp_path, comfy, layouts, layout):
+    """Both ComfyUI layouts: ``X.scale_weight`` + the ``scaled_fp8`` marker, ``X.weight_scale`` + ``X.comfy_quant``."""
     raw = dict(layouts["raw"])
     scaled = {}
     for k, v in raw.items():
         if v.ndim == 2 and "SelfAttention" in k:
             s = v.abs().max() / 448.0
             scaled[k] = (v / s).to(torch.float8_e4m3fn)
-            scaled[k[: -len("weight")] + "scale_weight"] = s.reshape(1)
+            stem = k[: -len(".weight")]
+            scaled[f"{stem}.{layout}"] = s.reshape(1) if layout == "scale_weight" else s
+            if layout == "weight_scale":
+                scaled[f"{stem}.comfy_quant"] = torch.tensor(list(b'{"format": "float8_e4m3fn"}'), dtype=torch.uint8)
         else:
             scaled[k] = v
-    scaled["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    if layout == "scale_weight":
+        scaled["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
     scaled[te.SPIECE_KEY] = torch.frombuffer(bytearray(layouts["spiece"]), dtype=torch.uint8)
     save_file(scaled, tmp_path / "umt5_xxl_fp8_e4m3fn_scaled.safetensors")
     ref = te.load_text_encoder(comfy, device="cpu").encode(PROMPT)

@@ -25,22 +25,6 @@ from .wan_keys import config_from_shapes, original_to_diffusers_names, size_labe
 logger = logging.getLogger(__name__)
 
 
-SCALE_KEYS = (".scale_weight", ".weight_scale")
-MARKER_KEYS = (".scale_input", ".input_scale", ".comfy_quant")
-
-
-def split_scales(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A host's original-keyed weights → (the weights without scale / marker entries, weight key → its fp8 scale)."""
-    kept, scales = {}, {}
-    for k, v in weights.items():
-        if k == "scaled_fp8" or k.endswith(MARKER_KEYS):
-            continue
-        if k.endswith(SCALE_KEYS):
-            scales[k[: k.rfind(".")] + ".weight"] = v
-            continue
-        kept[k] = v
-    return kept, scales
-
 
 def core_weight(value, scale: torch.Tensor | None = None):
     """One weight a host holds, in the form SDVG keeps it: a ComfyUI-GGUF ``GGMLTensor`` (``tensor_type``,

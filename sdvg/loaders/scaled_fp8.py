@@ -28,6 +28,29 @@ FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def is_marker(key: str) -> bool:
+    """A file's ``scaled_fp8`` marker, an input scale or a ``comfy_quant`` format entry: not a weight."""
+    return key == "scaled_fp8" or key.endswith(SCALE_MARKERS)
+
+
+def scaled_weight_key(key: str) -> str | None:
+    """The weight a scale entry belongs to (``X.scale_weight`` / ``X.weight_scale`` → ``X.weight``); None for
+    any other key."""
+    return key[: key.rfind(".")] + ".weight" if key.endswith(SCALE_SUFFIXES) else None
+
+
+def split_scales(weights: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Weights in either layout → (the weights without scale and marker entries, weight key → its scale)."""
+    kept, scales = {}, {}
+    for k, v in weights.items():
+        weight = scaled_weight_key(k)
+        if weight is not None:
+            scales[weight] = v
+        elif not is_marker(k):
+            kept[k] = v
+    return kept, scales
+
+
 def stored_nbytes(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, torch.dtype | None]) -> dict[str, int]:
     """Bytes of each tensor as stored (from a header's shapes and dtypes)."""
     out = {}
@@ -77,10 +100,10 @@ def find_scales(src, raw_to_key: dict[str, str]) -> dict[str, str]:
         )
     kept = {}
     for raw, key in raw_to_key.items():
-        if raw.endswith(SCALE_MARKERS):
+        if is_marker(raw):
             continue
-        if raw.endswith(SCALE_SUFFIXES):
-            weight = raw[: raw.rfind(".")] + ".weight"
+        weight = scaled_weight_key(raw)
+        if weight is not None:
             if weight not in raw_to_key:
                 raise ModelFileError(f"{src.path}: a scale {raw} without its weight {weight}; the file is incomplete.")
             if src.dtypes.get(weight) not in FP8_DTYPES:

@@ -29,6 +29,7 @@ from ..errors import ConfigError, ModelFileError
 from ..models.text_encoder import LocalTokenizer, TextEncoder
 from .checkpoint import describe_keys, load_checkpoint, looks_like, parameters_on_meta, prefix_before, strip_prefix
 from .file_checks import require_path
+from .scaled_fp8 import FP8_DTYPES, split_scales
 
 logger = logging.getLogger(__name__)
 
@@ -101,14 +102,14 @@ def _block_indices(sd: dict[str, Any], pattern: str) -> list[int]:
 
 
 def _dequantize(sd: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
-    """Comfy scaled fp8: ``W = W_fp8 · scale_weight``; plain fp8 is upcast. Marker/input-scale entries are dropped."""
+    """Comfy scaled fp8, either layout (``scale_weight`` or ``weight_scale``): ``W = W_fp8 · scale``; plain fp8 is
+    upcast. Marker and input-scale entries are dropped."""
+    kept, scales = split_scales(sd)
     out: dict[str, torch.Tensor] = {}
-    for k, v in sd.items():
-        if k == "scaled_fp8" or k.endswith((".scale_input", ".scale_weight")):
-            continue
-        if v.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    for k, v in kept.items():
+        if v.dtype in FP8_DTYPES:
             v = v.to(torch.float32)
-            scale = sd.get(k[: -len("weight")] + "scale_weight") if k.endswith("weight") else None
+            scale = scales.get(k)
             if scale is not None:
                 scale = scale.to(torch.float32)
                 if scale.numel() != 1 and scale.ndim != v.ndim:
