@@ -205,13 +205,14 @@ def is_stored_quant(value) -> bool:
 
 
 def scaled_fp8_weight(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``weight.float() * scale`` (one scale, or one per output row), as ``dtype``."""
+    """``weight.float() * scale`` (one scale, or one per output row), as ``dtype``: one float32 copy, scaled in
+    place (this runs in every call of a scaled-fp8 layer)."""
     s = scale.to(weight.device, torch.float32)
     if s.numel() > 1:
         s = s.reshape(-1, *([1] * (weight.dim() - 1)))
     else:
         s = s.reshape(())
-    return (weight.to(torch.float32) * s).to(dtype)
+    return weight.to(torch.float32, copy=True).mul_(s).to(dtype)  # copy: never scale a float32 weight in place
 
 
 class QuantLinear(nn.Module):
