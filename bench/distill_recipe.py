@@ -134,7 +134,7 @@ def fidelity_baselines(seed: int) -> dict:
     sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
-    from sdvg.eval.stats import bootstrap_ci
+    from sdvg.eval.stats import mean_ci
     from sdvg.toy.judge import agreement, judge
     from sdvg.train.measure import Sampling, _video
 
@@ -147,8 +147,7 @@ def fidelity_baselines(seed: int) -> dict:
         got["other_noise"].append(agreement(_video(models, teacher, caption, seed + 1000, 3).frames, ref, caption))
         got["flat_ungated"].append(judge(flat, caption).ungated)
         got["teacher_ungated"].append(judge(ref, caption).ungated)
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return {k: [mean(v), *bootstrap_ci(v, mean)] for k, v in got.items()}
+    return {k: list(mean_ci(v)) for k, v in got.items()}
 
 
 def export(src: Path, dst: Path) -> Path:

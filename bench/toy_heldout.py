@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    from sdvg.eval.stats import bootstrap_ci
+    from sdvg.eval.stats import mean_ci
     from sdvg.loaders import load_models
     from sdvg.sampling.router import RouterConfig
     from sdvg.sampling.sampler import SpeculativeSampler
@@ -49,9 +49,7 @@ def main(argv=None) -> int:
     items = [{k: sum(m[k] for m in ms) / len(ms) for k in keys} for ms in per_caption.values()]
     out = {}
     for k in keys:
-        mean = sum(it[k] for it in items) / len(items)
-        lo, hi = bootstrap_ci(items, lambda xs, k=k: sum(x[k] for x in xs) / len(xs))
-        out[k] = [round(mean, 3), round(lo, 3), round(hi, 3)]
+        out[k] = [round(v, 3) for v in mean_ci([it[k] for it in items])]
     sys.stdout.write(json.dumps({"dit": a.dit, "captions": len(caps), "seeds": a.seeds, **out}) + "\n")
     return 0
 

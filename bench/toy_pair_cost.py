@@ -22,11 +22,9 @@ import torch
 
 
 def _ci(items: list[dict], key: str) -> list[float]:
-    from sdvg.eval.stats import bootstrap_ci
+    from sdvg.eval.stats import mean_ci
 
-    mean = sum(x[key] for x in items) / len(items)
-    lo, hi = bootstrap_ci(items, lambda xs: sum(x[key] for x in xs) / len(xs))
-    return [round(mean, 3), round(lo, 3), round(hi, 3)]
+    return [round(v, 3) for v in mean_ci([x[key] for x in items])]
 
 
 def main(argv=None) -> int:

@@ -205,7 +205,7 @@ def test_a_plan_with_nothing_to_run_is_refused(tmp_path, prompts, taus, methods,
 
 
 def test_bootstrap_interval_is_seeded_and_covers_the_mean():
-    from sdvg.eval.stats import bootstrap_ci, mean_or_none
+    from sdvg.eval.stats import bootstrap_ci, mean_ci, mean_or_none
     from sdvg.eval.summary import summarize
 
     rng = __import__("random").Random(3)
@@ -215,6 +215,10 @@ def test_bootstrap_interval_is_seeded_and_covers_the_mean():
     se = (sum((v - mean_or_none(values)) ** 2 for v in values) / 39) ** 0.5 / 40 ** 0.5
     assert lo < mean_or_none(values) < hi and 2.5 * se < hi - lo < 5.5 * se  # ≈ ±1.96 standard errors
     assert bootstrap_ci([], mean_or_none) is None and bootstrap_ci([2.0], mean_or_none) == (2.0, 2.0)
+    mean, m_lo, m_hi = mean_ci(values, seed=1)  # the same interval, with the mean beside it
+    assert (m_lo, m_hi) == (lo, hi) and mean == mean_or_none(values)
+    with pytest.raises(ValueError):
+        mean_ci([])
     rows = [{"prompt_id": str(i), "method": m, "tau": "", "wall_s": str(w), "acceptance": "", "ir_mean": str(q),
              "ir_min": str(q), "ir_retention": "", "ir_delta": str(q - 1.0)}
             for i in range(20) for m, w, q in (("target-only", 2.0, 1.0), ("draft-only", 1.0 + i / 20, 0.5))]

@@ -31,6 +31,15 @@ def bootstrap_ci(items: Sequence, statistic: Callable[[Sequence], float | None],
     return lo, hi
 
 
+def mean_ci(values: Sequence[float], *, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of ``values`` (one per prompt or pair, at least one) and its bootstrap interval."""
+    if not values:
+        raise ValueError("mean_ci needs at least one value")
+    values = list(values)
+    lo, hi = bootstrap_ci(values, lambda xs: sum(xs) / len(xs), seed=seed)
+    return sum(values) / len(values), lo, hi
+
+
 def mean_or_none(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None

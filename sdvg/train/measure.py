@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..eval.stats import bootstrap_ci
+from ..eval.stats import mean_ci
 from ..sampling.regimes import CacheConfig
 
 #: the long-rollout cache: noisy, a rolling window of the training length (9 frames) with 3 pinned sinks at
@@ -62,8 +62,8 @@ def _video(models, s: Sampling, caption: str, seed: int, num_blocks: int):
 
 
 def _mean_ci(values: list[float], name: str) -> dict:
-    lo, hi = bootstrap_ci(values, lambda xs: sum(xs) / len(xs))
-    return {name: sum(values) / len(values), f"{name}_lo": lo, f"{name}_hi": hi}
+    mean, lo, hi = mean_ci(values)
+    return {name: mean, f"{name}_lo": lo, f"{name}_hi": hi}
 
 
 def measure(models_for, s: Sampling, prompts: list[str], seeds: list[int], *, num_blocks: int = 3,
@@ -99,8 +99,7 @@ def measure(models_for, s: Sampling, prompts: list[str], seeds: list[int], *, nu
                 for last in range(2, num_blocks):  # the window of three blocks ending at ``last``
                     clip = res.frames[_first_frame(last - 2):_first_frame(last + 1)]
                     windows.setdefault(last, []).append(judge(clip, caption).accuracy)
-    lo, hi = bootstrap_ci(accs, lambda xs: sum(xs) / len(xs))
-    row = {"name": s.name, "judge": sum(accs) / len(accs), "judge_lo": lo, "judge_hi": hi,
+    row = {"name": s.name, **_mean_ci(accs, "judge"),
            "smooth": sum(smooth) / len(smooth), "motion": sum(motion) / len(motion),
            "motion_sd": float(torch.tensor(motion).std()), "s_per_video": sum(secs) / len(secs), "n": len(accs),
            "accuracies": accs}
@@ -138,5 +137,4 @@ def teacher_fidelity(student_file: str, cfg, *, n: int = 64, seed: int = 1000, s
     roll = rollout(student, bank(pairs.prompts), noise, schedule, [len(r) - 1 for r in schedule], cache=cfg.cache,
                    scheduler=sch, fpb=cfg.frames_per_block, step_noise=step_noise)
     mse = ((roll.x0.float() - pairs.x0) ** 2).mean(dim=(1, 2, 3, 4)).tolist()
-    lo, hi = bootstrap_ci(mse, lambda xs: sum(xs) / len(xs))
-    return {"mse": sum(mse) / len(mse), "mse_lo": lo, "mse_hi": hi, "n": n}
+    return {**_mean_ci(mse, "mse"), "n": n}
