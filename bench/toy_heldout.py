@@ -37,9 +37,7 @@ def main(argv=None) -> int:
 
     models = load_models(a.models or TOY_DIR, target=a.dit, need=("target", "vae", "text_encoder"),
                          dit_device="cpu", aux_device="cpu", dtype="fp32")
-    held = held_out_captions()
-    step = max(1, len(held) // a.captions)
-    caps = held[::step][: a.captions]
+    caps = held_out_captions(a.captions)
     per_caption: dict[str, list[dict]] = {c: [] for c in caps}
     for seed in (int(s) for s in a.seeds.split(",")):
         for c in caps:

@@ -50,8 +50,7 @@ def main(argv=None) -> int:
     files = {k: v for k, v in (("target", a.target), ("drafter", a.drafter)) if v}
     models = load_models(a.models or TOY_DIR, need=("target", "drafter", "vae", "text_encoder"), dit_device="cpu",
                          aux_device="cpu", dtype="fp32", **files)
-    held = held_out_captions()
-    caps = held[:: max(1, len(held) // a.captions)][: a.captions]
+    caps = held_out_captions(a.captions)
     walls: dict[str, list[float]] = {"target-only": [], "draft-only": []}
     quality: dict[str, dict[str, list[dict]]] = {m: {c: [] for c in caps} for m in walls}
     for seed in (int(s) for s in a.seeds.split(",")):

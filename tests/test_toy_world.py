@@ -57,6 +57,10 @@ def test_toy_eval_defaults_to_every_held_out_caption_with_two_seeds():
     assert sorted(set(zip(prompts, seeds, strict=True))) == sorted((c, s) for c in held_out_captions() for s in (0, 1))
     quick, qseeds = toy_eval_items(quick=True)
     assert len(set(quick)) == len(quick) == 8 and set(quick) <= set(held_out_captions()) and set(qseeds) == {0}
+    assert quick == held_out_captions(8) and len(set(held_out_captions(24))) == 24
+    assert held_out_captions(500) == held_out_captions()  # more than there are: all of them
+    with pytest.raises(ConfigError, match="at least one held-out caption"):
+        held_out_captions(0)
 
 
 def test_objects_move_their_way_stay_inside_and_bounce_on_long_clips():

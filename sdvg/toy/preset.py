@@ -79,7 +79,7 @@ def toy_eval_items(quick: bool = False) -> tuple[list[str], list[int]]:
     captions, seeds = held_out_captions(), TOY_EVAL_SEEDS
     if quick:
         n, seeds = TOY_QUICK
-        captions = captions[:: len(captions) // n][:n]
+        captions = held_out_captions(n)
     return [c for s in seeds for c in captions], [s for s in seeds for _ in captions]
 
 

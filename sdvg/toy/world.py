@@ -100,9 +100,15 @@ def train_captions() -> list[str]:
     return [c for c in all_captions() if not is_held_out(c)]
 
 
-def held_out_captions() -> list[str]:
-    """The 72 captions no toy model is trained on (the evaluation's prompts)."""
-    return [c for c in all_captions() if is_held_out(c)]
+def held_out_captions(n: int | None = None) -> list[str]:
+    """The 72 captions no toy model is trained on (the evaluation's prompts); ``n``: that many of them, spread evenly
+    over all 72 (quick checks)."""
+    held = [c for c in all_captions() if is_held_out(c)]
+    if n is None:
+        return held
+    if n < 1:
+        raise ConfigError(f"Ask for at least one held-out caption, got {n}.")
+    return held[:: max(1, len(held) // n)][:n]
 
 
 def _uniform(gen: torch.Generator, lo: float, hi: float) -> float:
