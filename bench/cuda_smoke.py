@@ -17,7 +17,6 @@ difference (~1e-6) reads apart from a logic error (large).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sdvg.fixtures.tiny import ensure_tiny  # noqa: E402
 from sdvg.loaders.bundle import load_models  # noqa: E402
+from sdvg.outputs.files import write_json  # noqa: E402
 from sdvg.sampling.regimes import CacheConfig, CacheRegime  # noqa: E402
 from sdvg.sampling.router import RouterConfig  # noqa: E402
 from sdvg.sampling.sampler import SamplerConfig, SpeculativeSampler  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        write_json(out, results)  # atomic: a run killed mid-write leaves the last whole summary
 
     if dev.startswith("cuda") and not torch.cuda.is_available():
         results["error"] = "no CUDA device"

@@ -31,6 +31,7 @@ from sdvg.fixtures.tiny import TINY_TARGET_CONFIG, write_tiny_dits  # noqa: E402
 from sdvg.loaders.lora import LoraSpec  # noqa: E402
 from sdvg.loaders.wan import load_dit, to_fp8_storage  # noqa: E402
 from sdvg.models.offload import offload_model  # noqa: E402
+from sdvg.outputs.files import write_json  # noqa: E402
 
 GIB = 2**30
 
@@ -128,7 +129,7 @@ def main() -> int:
                 report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
             ok = ok and report[name]["ok"]
             report["passed"] = ok
-            Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+            write_json(args.out, report)
             sys.stdout.write(f"{name}: {json.dumps(report[name], default=str)}\n")
     return 0 if ok else 1
 

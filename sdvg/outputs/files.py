@@ -137,6 +137,15 @@ def apply_user_mode(path: str | os.PathLike) -> None:
     os.chmod(path, user_file_mode())
 
 
+def write_json(path: str | os.PathLike, value) -> Path:
+    """``value`` as indented JSON (anything else as its ``str``), written atomically: a reader, or a run killed
+    mid-write, never sees half a file."""
+    import json
+
+    text = json.dumps(value, indent=2, default=str) + "\n"
+    return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """``write(tmp)`` a temporary file beside ``path`` (same extension, so writers that look at it still work), then
     rename it onto ``path``. On any failure the temporary file is removed and the old ``path`` is untouched."""
