@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, no install needed
 
 
 def main(argv=None) -> int:

@@ -17,8 +17,11 @@ import json
 import statistics
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, no install needed
 
 
 def _ci(items: list[dict], key: str) -> list[float]:
