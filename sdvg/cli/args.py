@@ -252,14 +252,19 @@ def dit_options(args) -> tuple[dict[str, list], dict[str, int | str | None]]:
     return {r: v for r, v in loras.items() if v}, offload
 
 
+def load_kwargs(source: ModelSource, args, *, need: tuple[str, ...]) -> dict:
+    """``load_models``' arguments from the command line: one home for the in-process load and the Ray actors'."""
+    return {"models_dir": source.models_dir, **source.files, "need": need, "dit_device": args.device,
+            "aux_device": args.aux_device or args.device, "dtype": args.dtype,
+            "dtypes": {r: getattr(args, f"{r}_dtype", None) for r in ("target", "drafter")}, "loras": source.loras,
+            "offload": source.offload, "text_device": getattr(args, "text_encoder_device", None),
+            "pt_weights": compat_from_args(args).pt_weights}
+
+
 def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
     from ..loaders import load_models
 
-    return load_models(source.models_dir, **source.files, need=need, dit_device=args.device,
-                       aux_device=args.aux_device or args.device, dtype=args.dtype,
-                       dtypes={r: getattr(args, f"{r}_dtype", None) for r in ("target", "drafter")}, loras=source.loras,
-                       offload=source.offload, text_device=getattr(args, "text_encoder_device", None),
-                       pt_weights=compat_from_args(args).pt_weights)
+    return load_models(**load_kwargs(source, args, need=need))
 
 
 def add_drafter_schedule_args(g) -> None:

@@ -259,14 +259,10 @@ def _rate_methods(methods: tuple[str, ...], rates: tuple[float, ...], args, log)
 
 def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None) -> int:
     from ..eval import evaluate_ray, format_summary
-    from ..sampling import compat_from_args
 
     if args.ray_actors is not None and args.ray_actors < 1:
         raise ConfigError(f"--ray-actors must be at least 1, got {args.ray_actors}.")
-    load_kwargs = {"models_dir": source.models_dir, **source.files, "need": cli_args.ROLES, "dit_device": args.device,
-                   "aux_device": args.aux_device or args.device, "dtype": args.dtype,
-                   "dtypes": {r: getattr(args, f"{r}_dtype", None) for r in ("target", "drafter")},
-                   "pt_weights": compat_from_args(args).pt_weights, "threads": getattr(args, "threads", None)}
+    load_kwargs = {**cli_args.load_kwargs(source, args, need=cli_args.ROLES), "threads": getattr(args, "threads", None)}
     res = evaluate_ray(args.ray, load_kwargs, prompts, args.out, taus=taus, methods=methods, sampler_config=config,
                        metric_specs=args.metric, actors=args.ray_actors, retries=args.ray_retries,
                        save_videos=not args.no_videos, log=log, seeds=seeds)
