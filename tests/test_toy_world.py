@@ -283,3 +283,40 @@ def test_a_dit_stage_warm_starts_from_an_exported_checkpoint(patch_vae, tmp_path
               tmp_path / "c", warm_start=(export, 2))
     st = torch_load(tmp_path / "c" / "state_target.pt")
     assert st["step"] == 3 and len(st["losses"]) == 1
+
+
+def test_a_toy_tree_declares_how_its_drafter_samples(tmp_path):
+    """The stamp's ``drafter_sampling`` (a distilled student's own schedule and fresh noise) is the CLI's and the
+    toy sampler's default for the tree's drafter — not for a drafter file given on the command line, not with
+    --refine-from-step (one schedule for both), and never over an explicit --drafter-schedule."""
+    import json
+    import shutil
+
+    from sdvg.cli.args import model_source, sampler_config_from_args
+    from sdvg.cli.commands import build_parser
+    from sdvg.toy import TOY_DIR, toy_drafter_sampling
+    from sdvg.toy.sheet import toy_sampler_config
+
+    tree = tmp_path / "toy"
+    shutil.copytree(TOY_DIR, tree, ignore=shutil.ignore_patterns("*.pt", "*.safetensors"))
+    stamp = json.loads((tree / "sdvg_toy.json").read_text())
+    stamp["drafter_sampling"] = {"schedule": "diagonal", "step_noise": "fresh"}
+    (tree / "sdvg_toy.json").write_text(json.dumps(stamp))
+    assert toy_drafter_sampling(tree) == {"schedule": "diagonal", "step_noise": "fresh"}
+
+    def config(*extra):
+        args = build_parser().parse_args(["generate", "--prompt", "x", "--out", str(tmp_path / "v.mp4"), "--models",
+                                          str(tree), *extra])
+        source = model_source(args)
+        return sampler_config_from_args(args, source.preset, drafter=source.drafter_sampling)
+
+    cfg = config()
+    assert cfg.drafter_schedule == "diagonal" and cfg.drafter_step_noise == "fresh"
+    assert [len(r) for r in cfg.step_schedule("drafter")] == [4, 3, 2] and len(cfg.step_schedule()[0]) == 10
+    assert config("--drafter", str(tmp_path / "other.pt")).drafter_schedule is None
+    assert config("--refine-from-step", "2").drafter_schedule is None
+    assert config("--drafter-schedule", "constant", "--drafter-step-noise", "predicted").drafter_step_noise == "predicted"
+    assert toy_sampler_config(models_dir=tree).drafter_schedule == "diagonal"
+    del stamp["drafter_sampling"]
+    (tree / "sdvg_toy.json").write_text(json.dumps(stamp))
+    assert toy_drafter_sampling(tree) == {} and config().drafter_schedule is None

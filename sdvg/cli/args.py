@@ -167,11 +167,14 @@ def preset_defaults(preset: str | None) -> dict:
 
 
 def sampler_config_from_args(args, preset: str | None, *, default_blocks: int = _S.num_blocks,
-                             keep_output: bool = True):
+                             keep_output: bool = True, drafter: dict[str, str] | None = None):
     """The validated ``SamplerConfig`` (size, blocks and schedule default to the preset's when a preset is the model
     source: ``"toy"``, ``"tiny"`` or None); ``keep_output=False`` when the frames are streamed to disk as they come
-    (``generate --out``)."""
+    (``generate --out``); ``drafter``: the drafter's own schedule / step noise unless the command line gives them
+    (:attr:`ModelSource.drafter_sampling`; not with --refine-from-step, which runs both models on one schedule)."""
     defaults = preset_defaults(preset)
+    drafter = {} if getattr(args, "refine_from_step", None) is not None else (drafter or {})
+    drafter_schedule = getattr(args, "drafter_schedule", None) or drafter.get("schedule")
     default_blocks = defaults["blocks"] or default_blocks
     frames = getattr(args, "frames", None)
     blocks = args.blocks if args.blocks is not None else (blocks_for_frames(frames) if frames else default_blocks)
@@ -185,8 +188,8 @@ def sampler_config_from_args(args, preset: str | None, *, default_blocks: int = 
         cache=cache_config_from_args(args),
         schedule=_parse_schedule(schedule),
         step_noise=getattr(args, "step_noise", None) or defaults["step_noise"],
-        drafter_schedule=_parse_schedule(args.drafter_schedule) if getattr(args, "drafter_schedule", None) else None,
-        drafter_step_noise=getattr(args, "drafter_step_noise", None),
+        drafter_schedule=_parse_schedule(drafter_schedule) if drafter_schedule else None,
+        drafter_step_noise=getattr(args, "drafter_step_noise", None) or drafter.get("step_noise"),
         pipelined=getattr(args, "pipelined", False),
         refine_from_step=getattr(args, "refine_from_step", None),
         stitch=getattr(args, "stitch", False),
@@ -216,13 +219,14 @@ class ModelSource:
     preset: str | None
     loras: dict[str, list] = field(default_factory=dict)  # DiT role → LoraSpec list (--target-lora, --drafter-lora)
     offload: dict[str, int | str | None] = field(default_factory=dict)  # DiT role → resident blocks / "auto"
+    drafter_sampling: dict[str, str] = field(default_factory=dict)  # the tree drafter's own schedule / step noise
 
 
 def model_source(args, *, log=None) -> ModelSource:
     """Decide where the models come from, without loading any. With no ``--models`` the toy world's trained models
     fill every role no file is given for (and that is said)."""
     from ..fixtures import is_tiny_tree
-    from ..toy import is_toy_tree, toy_tree
+    from ..toy import is_toy_tree, toy_drafter_sampling, toy_tree
 
     files = {k: getattr(args, k) for k in ROLES}
     models_dir = Path(args.models) if args.models is not None else None
@@ -235,7 +239,8 @@ def model_source(args, *, log=None) -> ModelSource:
                 + ". They draw toy captions such as 'a red circle moving left on a black background' at 64x64; "
                 "pass --models or model files for real ones.")
     preset = "toy" if is_toy_tree(models_dir) else "tiny" if models_dir is not None and is_tiny_tree(models_dir) else None
-    return ModelSource(models_dir, files, preset, *dit_options(args))
+    drafter = toy_drafter_sampling(models_dir) if preset == "toy" and not files["drafter"] else {}
+    return ModelSource(models_dir, files, preset, *dit_options(args), drafter_sampling=drafter)
 
 
 def dit_options(args) -> tuple[dict[str, list], dict[str, int | str | None]]:

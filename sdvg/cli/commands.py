@@ -88,7 +88,8 @@ def cmd_generate(args) -> int:
     source = cli_args.model_source(args, log=log)  # paths only: nothing loads before every setting is checked
     router = cli_args.router_config_from_args(args, source.preset)
     # frames go to --out as they come; only --save-frames/--save-latents need the whole video in RAM
-    config = cli_args.sampler_config_from_args(args, source.preset, keep_output=bool(args.save_frames or args.save_latents))
+    config = cli_args.sampler_config_from_args(args, source.preset, keep_output=bool(args.save_frames or args.save_latents),
+                                               drafter=source.drafter_sampling)
     replace(router, num_blocks=config.num_blocks).validate()  # what depends on the length (a pattern's)
     prompt = inputs.check_prompts(args, config.num_blocks)
     inputs.check_start_frames(args, config)
@@ -222,7 +223,8 @@ def cmd_eval(args) -> int:
     metrics = [load_metric(spec) for spec in [*world["metrics"], *args.metric]]
     source = cli_args.model_source(args, log=log)
     blocks = 3 if source.preset else SamplerConfig.num_blocks
-    config = cli_args.sampler_config_from_args(args, source.preset, default_blocks=blocks)
+    config = cli_args.sampler_config_from_args(args, source.preset, default_blocks=blocks,
+                                               drafter=source.drafter_sampling)
     if args.ray:
         return _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds)
     models = cli_args.load_from_source(source, args, need=cli_args.ROLES)

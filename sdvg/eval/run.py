@@ -364,7 +364,7 @@ class PromptRunner:
 
     def config_for(self, method: str, seed: int | None = None):
         """The sampler config of a method (and seed): refine-on-reject continues a rejected draft from half its
-        steps; the target-rate rows pool their threshold statistics over the run's videos."""
+        steps (both models on the target's schedule, a drafter's own schedule set aside); the target-rate rows pool their threshold statistics over the run's videos."""
         from dataclasses import replace
 
         cfg = self.config if seed is None else replace(self.config, seed=int(seed))
@@ -372,8 +372,9 @@ class PromptRunner:
             cfg = replace(cfg, compat=replace(cfg.compat, threshold_state="pooled"))
         if method != "refine":
             return cfg if cfg is self.config else cfg.validate()
-        steps = max(len(row) for row in cfg.step_schedule())
-        return replace(cfg, refine_from_step=max(1, steps // 2)).validate()
+        steps = max(len(row) for row in cfg.step_schedule())  # one schedule for both models: the target's
+        return replace(cfg, refine_from_step=max(1, steps // 2), drafter_schedule=None,
+                       drafter_step_noise=None).validate()
 
     def warm_up(self, prompt: str) -> None:
         _warm_up(self.models, self.config, prompt, self.models.text_encoder.encode(prompt))

@@ -48,6 +48,18 @@ def toy_files(models_dir: str | Path = TOY_DIR) -> dict[str, Path]:
     return files
 
 
+def toy_drafter_sampling(models_dir: str | Path = TOY_DIR) -> dict[str, str]:
+    """How a toy tree's drafter samples by default: the stamp's ``drafter_sampling`` (``schedule``, ``step_noise``; a
+    distilled student: its own few-step schedule with fresh noise), or {} — the target's schedule and step noise (a
+    flow-matching drafter trained like the target)."""
+    try:
+        info = json.loads((Path(models_dir) / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    sampling = info.get("drafter_sampling") or {}
+    return {k: str(sampling[k]) for k in ("schedule", "step_noise") if sampling.get(k)}
+
+
 def toy_tree() -> Path:
     """The committed toy models tree, checked complete."""
     toy_files(TOY_DIR)

@@ -13,12 +13,16 @@ FRAME_STEP = 4
 LABEL_W = 250
 
 
-def toy_sampler_config(num_blocks: int | None = None, seed: int = 0):
+def toy_sampler_config(num_blocks: int | None = None, seed: int = 0, models_dir: str | Path = TOY_DIR):
+    """The toy models' sampling: their 10-step schedule with predicted step noise, the drafter on its own schedule
+    where the tree's stamp says it has one (:func:`~sdvg.toy.preset.toy_drafter_sampling`)."""
     from ..sampling.config import SamplerConfig
-    from .preset import TOY_BLOCKS, TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE
+    from .preset import TOY_BLOCKS, TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE, toy_drafter_sampling
 
+    drafter = toy_drafter_sampling(models_dir)
     return SamplerConfig(num_blocks=num_blocks or TOY_BLOCKS, width=TOY_SIZE[0], height=TOY_SIZE[1], seed=seed,
-                         schedule=TOY_SCHEDULE, step_noise=TOY_STEP_NOISE).validate()
+                         schedule=TOY_SCHEDULE, step_noise=TOY_STEP_NOISE, drafter_schedule=drafter.get("schedule"),
+                         drafter_step_noise=drafter.get("step_noise")).validate()
 
 
 def load_toy_models(models_dir: str | Path = TOY_DIR):
@@ -28,13 +32,14 @@ def load_toy_models(models_dir: str | Path = TOY_DIR):
 
 
 def run_toy(models, caption: str, mode: str, *, tau: float = TOY_TAU, seed: int = 0,
-            num_blocks: int | None = None):
-    """One toy video (``mode``: target-only, draft-only or reward) → the sampler's result."""
+            num_blocks: int | None = None, models_dir: str | Path = TOY_DIR):
+    """One toy video (``mode``: target-only, draft-only or reward) of the models of ``models_dir`` → the sampler's
+    result."""
     from ..sampling.router import RouterConfig
     from ..sampling.sampler import SpeculativeSampler
 
     router = RouterConfig(mode=mode, tau=tau, aggregation="min") if mode == "reward" else RouterConfig(mode=mode)
-    return SpeculativeSampler(models, router, toy_sampler_config(num_blocks, seed)).run(caption)
+    return SpeculativeSampler(models, router, toy_sampler_config(num_blocks, seed, models_dir)).run(caption)
 
 
 def contact_sheet(out: str | Path, *, models_dir: str | Path = TOY_DIR, n_captions: int = 4, tau: float = TOY_TAU,
@@ -47,7 +52,7 @@ def contact_sheet(out: str | Path, *, models_dir: str | Path = TOY_DIR, n_captio
     rows: list[tuple[str, torch.Tensor]] = []
     for caption in toy_prompts(n_captions, seed=2026 + seed):
         for mode, name in (("target-only", "target"), ("draft-only", "drafter"), ("reward", f"SDVG tau={tau:g}")):
-            res = run_toy(models, caption, mode, tau=tau, seed=seed)
+            res = run_toy(models, caption, mode, tau=tau, seed=seed, models_dir=models_dir)
             frames = res.frames if res.frames.is_floating_point() else res.frames.float() / 255
             v = judge(frames, caption)
             extra = ""
