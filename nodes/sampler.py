@@ -46,11 +46,17 @@ _S, _C = SamplerConfig, CacheConfig
 # a fault (NaN, out of memory, a model error) in block b: output blocks 0..b-1 with the error on the node, or fail the
 # prompt (execution_error) as ComfyUI does for any node error; a fault in block 0 leaves nothing to keep and fails
 ON_FAULT = ["keep finished blocks", "stop"]
+# the drafter's own sampling (a distilled few-step drafter beside a flow-matching target, e.g. the toy world's
+# Diagonal Distillation student); "same as target" is the engine's None
+SAME = "same as target"
+DRAFTER_SCHEDULES = [SAME, *NAMED_SCHEDULES]
+DRAFTER_STEP_NOISES = [SAME, *STEP_NOISES]
 
 
 def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
                    custom_schedule: str, pipelined: bool = _S.pipelined, refine_from_step: int = 0,
-                   profile: str = DEFAULT_PROFILE, positions: str = _C.positions, step_noise: str = _S.step_noise):
+                   profile: str = DEFAULT_PROFILE, positions: str = _C.positions, step_noise: str = _S.step_noise,
+                   drafter_schedule: str = SAME, drafter_step_noise: str = SAME):
     """Widget values → a validated engine ``SamplerConfig`` (ConfigError names the problem and the fix)."""
     from ..sdvg.sampling import profile as compat_profile
 
@@ -66,6 +72,8 @@ def sampler_config(*, seed: int, blocks: int, width: int, height: int, cache: st
         cache=CacheConfig(cache, positions=positions if cache == "noisy" else _C.positions),
         schedule=spec, pipelined=bool(pipelined), refine_from_step=int(refine_from_step) or None,
         compat=compat_profile(profile), step_noise=step_noise,
+        drafter_schedule=None if drafter_schedule == SAME else drafter_schedule,
+        drafter_step_noise=None if drafter_step_noise == SAME else drafter_step_noise,
     ).validate()
 
 
@@ -151,6 +159,8 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 io.Combo.Input("profile", options=list(PROFILES), default=DEFAULT_PROFILE, tooltip="sdvg: our defaults. reference: the SDVG authors' exact behaviour (Krea's 5-step schedule with the t = 0 tail step, Krea's streaming VAE decoder, block 0 shown as 6 frames, target-rate statistics pooled across videos (one node run is one video, so here that changes nothing), ImageReward on uint8 PIL frames) to reproduce their numbers; see docs/REFERENCE.md. Which weights of a .pt load is the loader's business."),
                 io.Combo.Input("step_noise", options=list(STEP_NOISES), default=_S.step_noise, tooltip="Between denoising steps the block is re-noised. fresh: with the block's own fresh noise (Self-Forcing, Krea: distilled few-step models; the paper). predicted: with the noise the model predicts, i.e. Euler steps of the flow ODE, for flow-matching models that were not distilled, such as the toy world's (with fresh noise their predictions stay a blurry average)."),
                 io.Combo.Input("on_fault", options=ON_FAULT, default=ON_FAULT[0], optional=True, tooltip="What a fault in the middle of a run does (a model producing NaN, out of memory, a model error in block b). keep finished blocks: the sampler outputs blocks 0…b−1 (the report says partial and names the fault), the error is shown on this node, and the graph goes on, so a SaveVideo after it saves them. stop: the prompt fails with the error (ComfyUI's execution_error) and nothing downstream runs. A fault in block 0 always fails: there is nothing to keep."),
+                io.Combo.Input("drafter_schedule", options=DRAFTER_SCHEDULES, default=SAME, optional=True, tooltip="The drafter's own denoising steps per block, for a distilled few-step drafter beside a target that samples otherwise (the toy world's Diagonal Distillation student: diagonal, 4→3→2 steps, with step noise fresh; the target keeps its schedule). same as target: the schedule above for both (the paper's pair: both 4-step models). Not with refine_from_step, which continues a draft on the target's schedule."),
+                io.Combo.Input("drafter_step_noise", options=DRAFTER_STEP_NOISES, default=SAME, optional=True, tooltip="The drafter's own step noise (a distilled drafter: fresh). same as target: step_noise above for both."),
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="All frames [N, H, W, 3], for CreateVideo / SaveVideo."),
@@ -165,13 +175,15 @@ class SDVGSpeculativeSampler(io.ComfyNode):
     @classmethod
     def validate_inputs(cls, seed: int, blocks: int, width: int, height: int, cache: str, schedule: str,
                         custom_schedule: str, refine_from_step: int, profile: str = DEFAULT_PROFILE,
-                        positions: str = _C.positions, step_noise: str = _S.step_noise) -> bool | str:
+                        positions: str = _C.positions, step_noise: str = _S.step_noise, drafter_schedule: str = SAME,
+                        drafter_step_noise: str = SAME) -> bool | str:
         """Queue-time check of the settings (ComfyUI calls it before running anything, so a bad size never
         costs a 14B load). ComfyUI skips its own range checks for the inputs named here: ours cover them."""
         try:
             sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                            custom_schedule=custom_schedule, refine_from_step=refine_from_step, profile=profile,
-                           positions=positions, step_noise=step_noise)
+                           positions=positions, step_noise=step_noise, drafter_schedule=drafter_schedule,
+                           drafter_step_noise=drafter_step_noise)
         except ConfigError as exc:
             return str(exc)
         return True
@@ -181,12 +193,14 @@ class SDVGSpeculativeSampler(io.ComfyNode):
                 schedule: str, custom_schedule: str, pipelined: bool, refine_from_step: int, on_cancel: str = "stop",
                 profile: str = DEFAULT_PROFILE, positions: str = _C.positions, step_noise: str = _S.step_noise,
                 drafter: DiTHandle | None = None, target: DiTHandle | None = None, reward=None, start=None,
-                on_fault: str = ON_FAULT[0]) -> io.NodeOutput:
+                on_fault: str = ON_FAULT[0], drafter_schedule: str = SAME,
+                drafter_step_noise: str = SAME) -> io.NodeOutput:
         from ..sdvg.sampling import SpeculativeSampler
 
         config = sampler_config(seed=seed, blocks=blocks, width=width, height=height, cache=cache, schedule=schedule,
                                 custom_schedule=custom_schedule, pipelined=pipelined, refine_from_step=refine_from_step,
-                                profile=profile, positions=positions, step_noise=step_noise)
+                                profile=profile, positions=positions, step_noise=step_noise,
+                                drafter_schedule=drafter_schedule, drafter_step_noise=drafter_step_noise)
         warn_large_image(config)
         models = _run_models(router, drafter, target, vae, reward)
         # a copy bound to this run (seed for random routing); the input is untouched

@@ -82,7 +82,8 @@ def test_router_slider_and_sampler_widgets(nodes):
     sampler = stub.node_info(nodes["SDVGSpeculativeSampler"])["input"]
     assert sampler["required"]["seed"][1]["control_after_generate"] is True
     assert sampler["required"]["width"][1]["step"] == 16 and sampler["required"]["height"][1]["step"] == 16
-    assert set(sampler["optional"]) == {"drafter", "target", "reward", "start", "on_fault"}
+    assert set(sampler["optional"]) == {"drafter", "target", "reward", "start", "on_fault", "drafter_schedule",
+                                        "drafter_step_noise"}
     assert sampler["hidden"]["unique_id"] == ["UNIQUE_ID"]
 
 
@@ -518,6 +519,14 @@ def test_sampler_settings_are_refused_at_queue_time(nodes):
     assert "Unknown cache regime" in check(**(good | {"cache": "rolling"}))
     assert "custom_schedule is empty" in check(**(good | {"schedule": "custom", "custom_schedule": " "}))
     assert "strictly decreasing" in check(**(good | {"schedule": "custom", "custom_schedule": "250,500"}))
+    assert check(**(good | {"drafter_schedule": "diagonal", "drafter_step_noise": "fresh"})) is True
+    assert "refine_from_step continues a draft" in check(**(good | {"drafter_schedule": "diagonal",
+                                                                    "refine_from_step": 2}))
+    mod = pack.submodule("nodes.sampler")
+    cfg = mod.sampler_config(**(good | {"drafter_schedule": "diagonal", "drafter_step_noise": "fresh"}))
+    assert [len(r) for r in cfg.step_schedule("drafter")] == [4, 3, 2] and cfg.step_noise_for("drafter") == "fresh"
+    same = mod.sampler_config(**good)
+    assert same.drafter_schedule is None and same.drafter_step_noise is None  # "same as target" is the engine's None
 
 
 def test_router_settings_are_refused_at_queue_time(nodes):

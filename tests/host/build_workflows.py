@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdvg.toy.preset import TOY_SCHEDULE, TOY_STEP_NOISE, TOY_TAU
+from sdvg.toy.preset import TOY_SCHEDULE, TOY_STEP_NOISE, TOY_TAU, toy_drafter_sampling, toy_files
 
 from . import pack, stub
 from .core_nodes import CORE_NODES
@@ -38,13 +38,8 @@ FILES_TINY = {
     "vae": "sdvg_tiny_vae.safetensors",
     "reward": "sdvg_tiny_image_reward.pt",
 }
-FILES_TOY = {
-    "drafter": "sdvg_toy_drafter.pt",
-    "target": "sdvg_toy_target.safetensors",
-    "text_encoder": "sdvg_toy_umt5.safetensors",
-    "vae": "sdvg_toy_patch_vae.safetensors",
-    "reward": "sdvg_toy_critic.pt",
-}
+FILES_TOY = {role: path.name for role, path in toy_files().items()}  # the committed tree's (its stamp's) files
+TOY_DRAFTER = {f"drafter_{k}": v for k, v in toy_drafter_sampling().items()}  # the toy drafter's own sampling
 TOY_CAPTION = "a red circle moving right on a black background"
 PROMPT = (
     "A red fox trots through fresh snow in a quiet pine forest at sunrise, soft golden light, "
@@ -242,7 +237,7 @@ def specs() -> list[Spec]:
             encode={"key": "encode", "type": "SDVGTextEncode", "pos": [420, 60], "values": {"prompt": TOY_CAPTION}},
             router={"tau": TOY_TAU, "aggregation": "min", "mode": "reward"},
             sampler={"seed": 0, "blocks": 3, "width": 64, "height": 64, "schedule": "custom",
-                     "custom_schedule": json.dumps(TOY_SCHEDULE), "step_noise": TOY_STEP_NOISE},
+                     "custom_schedule": json.dumps(TOY_SCHEDULE), "step_noise": TOY_STEP_NOISE, **TOY_DRAFTER},
         ),
         _spec(
             "sdvg_tiny_cpu", "Tiny models install check",
