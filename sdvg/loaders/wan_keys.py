@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -86,6 +86,11 @@ _SHAPE_KEYS = {
     },
 }
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.")  # the same in both layouts
+
+
+def to_original_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A diffusers-keyed DiT state dict under the original Wan 2.1 names (fp32, detached): what the exports write."""
+    return {diffusers_to_original_key(k): v.detach().float().contiguous() for k, v in state_dict.items()}
 
 
 def diffusers_to_original_key(key: str) -> str:

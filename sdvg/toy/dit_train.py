@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..loaders.checkpoint import torch_load
-from ..loaders.wan_keys import diffusers_to_original_key, make_config
+from ..loaders.wan_keys import make_config, to_original_keys
 from ..models.dit import CausalWanTransformer
 from ..models.patch_vae import PatchVAE
 from .world import CLIP_FRAMES, render_batch, train_captions
@@ -200,4 +200,4 @@ def _save_state(path: Path, model, ema, opt, step: int, losses: list[float], spe
 
 def original_state_dict(model: CausalWanTransformer) -> dict[str, torch.Tensor]:
     """The model's weights under the original Wan 2.1 key names (fp32, detached)."""
-    return {diffusers_to_original_key(k): v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    return to_original_keys(model.state_dict())

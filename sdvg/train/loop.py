@@ -408,12 +408,9 @@ class _Trainer:
     def _write_student(self, st: dict) -> Path:
         """``student.pt`` in Self-Forcing's layout from a full state (rank 0; rewritten at every save)."""
         from ..fixtures.tiny import write_self_forcing_pt
-        from ..loaders.wan_keys import diffusers_to_original_key
+        from ..loaders.wan_keys import to_original_keys
 
-        def original(sd: dict) -> dict:
-            return {diffusers_to_original_key(k): v.detach().float().contiguous() for k, v in sd.items()}
-
-        return write_self_forcing_pt(self.out / "student.pt", original(st["student"]), original(st["ema"]),
+        return write_self_forcing_pt(self.out / "student.pt", to_original_keys(st["student"]), to_original_keys(st["ema"]),
                                      self.m.student.config.num_attention_heads)
 
     @property
