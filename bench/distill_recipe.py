@@ -164,6 +164,26 @@ def export(src: Path, dst: Path) -> Path:
     return dst
 
 
+STUDENT_FILE = "diffusion_models/sdvg_toy_student.pt"
+STUDENT_SAMPLING = {"schedule": "diagonal", "step_noise": "fresh"}  # as trained: diagonal 4→3→2, fresh noise
+
+
+def install(src: Path, tree: Path, provenance: dict) -> Path:
+    """Make ``src``'s EMA (bf16, :func:`export`) the drafter of the toy models ``tree``: the file, the stamp's
+    ``files.drafter``, its ``drafter_sampling`` (the CLI's, the nodes' workflow's and the toy sampler's default for
+    it) and a ``student`` entry with the command, seeds and steps that made it."""
+    dst = export(src, tree / STUDENT_FILE)
+    stamp_path = tree / "sdvg_toy.json"
+    stamp = json.loads(stamp_path.read_text(encoding="utf-8"))
+    stamp["files"]["drafter"] = STUDENT_FILE
+    stamp["drafter_sampling"] = dict(STUDENT_SAMPLING)
+    stamp["student"] = provenance
+    tmp = stamp_path.with_name("partial-" + stamp_path.name)
+    tmp.write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(stamp_path)
+    return dst
+
+
 def plot(out: Path) -> Path:
     """``losses.png``: the ODE stage's regression, the DMD stage's generator (DMD) and fake-score losses, moving mean
     of 25, from each stage's ``train.json``."""
@@ -233,6 +253,10 @@ def main() -> None:
     ap.add_argument("--skip-dmd", action="store_true")
     ap.add_argument("--plot", action="store_true", help="write losses.png from the stages' train.json and exit")
     ap.add_argument("--export", nargs=2, metavar=("SRC", "DST"), help="write SRC student.pt's EMA in bf16 to DST")
+    ap.add_argument("--install", nargs=2, metavar=("SRC", "TREE"), help="make SRC student.pt's EMA the drafter of the "
+                    "toy models TREE (file, stamp, its own sampling), with --provenance JSON, and exit")
+    ap.add_argument("--provenance", default="{}", help="--install: JSON of how the student was made (command, seeds, "
+                    "steps, measured ratio)")
     ap.add_argument("--final", help="measure this student.pt on the final held-out pairs (final.json) and exit")
     ap.add_argument("--captions", choices=sorted(CAPTION_SETS), default="heldout", help="heldout (default): train on "
                     "the world's training captions, judge its held-out ones; v1: the first world's 72 captions for "
@@ -255,6 +279,9 @@ def main() -> None:
         return
     if args.export:
         logging.info("wrote %s", export(*map(Path, args.export)))
+        return
+    if args.install:
+        logging.info("wrote %s", install(*map(Path, args.install), json.loads(args.provenance)))
         return
     if args.final:
         logging.info("%s", json.dumps(final(out, Path(args.final), FINAL_SEEDS)))

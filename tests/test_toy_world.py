@@ -320,3 +320,18 @@ def test_a_toy_tree_declares_how_its_drafter_samples(tmp_path):
     del stamp["drafter_sampling"]
     (tree / "sdvg_toy.json").write_text(json.dumps(stamp))
     assert toy_drafter_sampling(tree) == {} and config().drafter_schedule is None
+
+
+def test_a_tree_stamp_names_the_file_of_each_role(tmp_path):
+    """A tree holding two drafters (the toy world's flow-matching one beside its student) loads the one its stamp
+    names, not the first by name hints; without a stamp entry the hints still decide."""
+    import json
+
+    from sdvg.loaders.bundle import find_model_file
+
+    (tmp_path / "diffusion_models").mkdir()
+    for name in ("sdvg_toy_drafter.pt", "sdvg_toy_student.pt"):
+        (tmp_path / "diffusion_models" / name).write_bytes(b"")
+    assert find_model_file(tmp_path, "drafter").name == "sdvg_toy_drafter.pt"
+    (tmp_path / "sdvg_toy.json").write_text(json.dumps({"files": {"drafter": "diffusion_models/sdvg_toy_student.pt"}}))
+    assert find_model_file(tmp_path, "drafter").name == "sdvg_toy_student.pt"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,8 +65,26 @@ def _module_device(module: torch.nn.Module | None) -> torch.device | None:
     return torch.device("cpu")
 
 
+def stamped_file(models_dir: str | Path, role: str) -> Path | None:
+    """The file a tree's stamp names for ``role``: a tree our trainers write carries ``sdvg_<name>.json`` whose
+    ``files`` map gives each role's file (relative to the tree), so a tree holding several DiTs — the toy world's
+    flow-matching drafter beside its distilled student — says which one is which. None without such a stamp."""
+    for stamp in sorted(Path(models_dir).glob("sdvg_*.json")):
+        try:
+            files = json.loads(stamp.read_text(encoding="utf-8")).get("files") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(files, dict) and files.get(role):
+            return Path(models_dir) / str(files[role])
+    return None
+
+
 def find_model_file(models_dir: str | Path, role: str) -> Path:
-    """Pick the file for ``role`` from a ComfyUI-style models tree by folder and name hints."""
+    """Pick the file for ``role`` from a ComfyUI-style models tree: the one its stamp names (:func:`stamped_file`),
+    else by folder and name hints."""
+    stamped = stamped_file(models_dir, role)
+    if stamped is not None:
+        return stamped
     folder = Path(models_dir) / MODEL_FOLDERS[role]
     if not folder.is_dir():
         raise ModelFileError(
