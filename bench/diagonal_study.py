@@ -65,10 +65,10 @@ def _models(drafter: str | None):
 
 
 def samplings(out: Path, names: list[str]):
-    from sdvg.toy.preset import toy_files
+    from sdvg.toy.preset import FLOW_DRAFTER_FILE, TOY_DIR
     from sdvg.train.measure import Sampling
 
-    drafter = str(toy_files()["drafter"])
+    drafter = str(TOY_DIR / FLOW_DRAFTER_FILE)
     rows = [Sampling("teacher (toy target, 10 ODE steps)", None),
             Sampling("undistilled drafter, diagonal, fresh noise", drafter),
             Sampling("undistilled drafter, diagonal, ODE steps", drafter, step_noise="predicted")]
@@ -100,11 +100,11 @@ def sdvg_rows(out: Path, n_prompts: int) -> list[dict]:
     """SDVG on the toy target with the distilled student as drafter (diagonal, fresh noise), and the same with the
     undistilled toy drafter on the same diagonal steps (its best few-step setting: ODE steps), noisy cache."""
     from sdvg.cli.commands import main
-    from sdvg.toy.preset import toy_files
+    from sdvg.toy.preset import FLOW_DRAFTER_FILE, TOY_DIR
 
     rows = []
     for name, drafter, noise in (("student", out / "diagonal" / "student.pt", "fresh"),
-                                 ("undistilled drafter", toy_files()["drafter"], "predicted")):
+                                 ("undistilled drafter", TOY_DIR / FLOW_DRAFTER_FILE, "predicted")):
         ev = out / f"sdvg_eval_{name.split()[0]}"
         argv = ["eval", "--world", "toy", "--out", str(ev), "--drafter", str(drafter), "--drafter-schedule",
                 "diagonal", "--drafter-step-noise", noise, "--methods", "target-only,draft-only,sdvg,random",

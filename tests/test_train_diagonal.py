@@ -15,17 +15,19 @@ import torch
 from sdvg.errors import ConfigError
 from sdvg.loaders.wan import load_dit
 from sdvg.sampling.scheduler import FlowMatchScheduler, build_step_schedule
-from sdvg.toy.preset import toy_files
+from sdvg.toy.preset import FLOW_DRAFTER_FILE, TOY_DIR, toy_files
 from sdvg.train.config import load_config
 from sdvg.train.dmd import MotionMatcher, ScoreNoise, dmd_gradients, fake_score_loss, generator_loss
 from sdvg.train.rollout import RolloutNoise, TrainForward, rollout, student_x0
+
+FLOW_DRAFTER = TOY_DIR / FLOW_DRAFTER_FILE  # the small flow-matching toy drafter: a fast student for the smoke runs
 
 SHAPE = (2, 16, 9, 8, 8)  # 2 videos, 3 blocks of the toy world's latents
 
 
 @pytest.fixture(scope="module")
 def drafter():
-    return load_dit(toy_files()["drafter"], dtype="fp32")
+    return load_dit(FLOW_DRAFTER, dtype="fp32")
 
 
 def test_forward_with_context_equals_the_per_block_forward(drafter):
@@ -62,7 +64,7 @@ def test_gradient_forward_equals_the_cached_rollout(drafter, cache, step_noise):
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
-    model = load_dit(toy_files()["drafter"], dtype="fp32").train().requires_grad_(True)
+    model = load_dit(FLOW_DRAFTER, dtype="fp32").train().requires_grad_(True)
     gen = torch.Generator().manual_seed(2)
     x, t, emb = torch.randn(SHAPE, generator=gen), torch.rand(2, 9, generator=gen) * 1000, torch.randn(2, 8, 64)
     grads = []
@@ -162,7 +164,7 @@ def test_train_smoke_losses_fall_resume_and_the_student_loads_in_the_sampler(tmp
     out = tmp_path / "dd"
     (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 16, "gen_every": 1}))
     base = ["train", "diagonal", "--config", str(tmp_path / "c.json"), "--out", str(out), "--batch", "4",
-            "--threads", "1"]
+            "--threads", "1", "--student-init", str(FLOW_DRAFTER)]
     assert main([*base, "--max-steps", "8"]) == 0
     st = torch_load(out / "state.pt")
     assert st["step"] == 8
@@ -178,7 +180,7 @@ def test_train_smoke_losses_fall_resume_and_the_student_loads_in_the_sampler(tmp
     assert info["steps"] == 10 and [s for s, _ in info["losses"]["fake"]] == list(range(1, 11))
     pt = torch_load(out / "student.pt")
     assert set(pt) == {"generator", "generator_ema", "config"} and all(k.startswith("model.") for k in pt["generator"])
-    moved = max(float((pt["generator"][k] - torch_load(toy_files()["drafter"])["generator"][k]).abs().max())
+    moved = max(float((pt["generator"][k] - torch_load(FLOW_DRAFTER)["generator"][k]).abs().max())
                 for k in pt["generator"])
     assert moved > 0
     video = tmp_path / "v.mp4"
@@ -259,6 +261,6 @@ def test_teacher_fidelity_measures_distance_to_the_teachers_video():
     from sdvg.train.measure import teacher_fidelity
 
     cfg = load_config(None)
-    a = teacher_fidelity(str(toy_files()["drafter"]), cfg, n=4)
-    b = teacher_fidelity(str(toy_files()["drafter"]), cfg, n=4)
+    a = teacher_fidelity(str(FLOW_DRAFTER), cfg, n=4)
+    b = teacher_fidelity(str(FLOW_DRAFTER), cfg, n=4)
     assert a == b and a["n"] == 4 and 0.0 < a["mse_lo"] <= a["mse"] <= a["mse_hi"] < 10.0

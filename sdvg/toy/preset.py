@@ -17,6 +17,9 @@ from ..errors import ModelFileError
 
 TOY_DIR = Path(__file__).resolve().parent / "models"
 STAMP = "sdvg_toy.json"
+#: the flow-matching drafter `toy train` makes (trained like the target, smaller); the tree's default drafter is the
+#: one its stamp names (since issue 25 the Diagonal Distillation student)
+FLOW_DRAFTER_FILE = "diffusion_models/sdvg_toy_drafter.pt"
 #: The toy DiTs' sampling schedule (timesteps on the 0..1000 scale, snapped to the shift-5 table): an MSE-trained
 #: flow model's x0 prediction is only sharp at low noise, so the last step is at t = 100.
 TOY_SCHEDULE = [[1000.0, 960.0, 900.0, 820.0, 720.0, 600.0, 460.0, 320.0, 200.0, 100.0]]

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import ConfigError
 from .dit_train import CaptionBank, DiTSpec, DiTTrainSettings, original_state_dict, train_dit
+from .preset import FLOW_DRAFTER_FILE
 from .world import CLIP_FRAMES, all_captions, render_batch, v1_captions
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ FILES = {
     "vae": "vae/sdvg_toy_patch_vae.safetensors",
     "text_encoder": "text_encoders/sdvg_toy_umt5.safetensors",
     "target": "diffusion_models/sdvg_toy_target.safetensors",
-    "drafter": "diffusion_models/sdvg_toy_drafter.pt",
+    "drafter": FLOW_DRAFTER_FILE,
     "reward": "image_reward/sdvg_toy_critic.pt",
 }
 STAMP = "sdvg_toy.json"

@@ -23,7 +23,7 @@ class DiagonalTrainConfig:
     """A Diagonal Distillation run. Paths left ``None`` mean the toy world's file for that role."""
 
     teacher: str | None = None  # the real score: a frozen DiT (any accepted format)
-    student_init: str | None = None  # the generator's initial weights (a causal few-step DiT)
+    student_init: str | None = None  # the generator's initial weights (a causal DiT); default: the teacher's
     fake_init: str | None = None  # the fake score's initial weights (default: the teacher's, as Self-Forcing)
     data: str = "toy"  # "toy" (the toy world's training captions) | a .txt file / folder of .txt files (one prompt per line) | a text-embedding .pt cache
     text_encoder: str | None = None  # needed for a prompt file or folder (embeddings are computed once and cached)

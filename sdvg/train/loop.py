@@ -103,7 +103,8 @@ def model_files(cfg: DiagonalTrainConfig) -> dict[str, str]:
 
     toy = toy_files()
     teacher = cfg.teacher or str(toy["target"])
-    return {"teacher": teacher, "student": cfg.student_init or str(toy["drafter"]), "fake": cfg.fake_init or teacher}
+    # the student starts as the teacher (Self-Forcing distils a model into itself; the toy recipe that met its goal)
+    return {"teacher": teacher, "student": cfg.student_init or teacher, "fake": cfg.fake_init or teacher}
 
 
 def _load(path: str, dev: torch.device, trainable: bool, cfg: DiagonalTrainConfig):

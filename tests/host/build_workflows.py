@@ -87,16 +87,18 @@ NOTE_TOY = """## Toy world on the CPU (trained models: you can see and judge wha
 The pack ships tiny models trained on its toy world (`python -m sdvg toy train`): one flat-coloured shape moving on a
 plain background, 64×64. They are already in ComfyUI's model lists (the pack adds `sdvg/toy/models/` to them):
 
-* `diffusion_models/sdvg_toy_target.safetensors` (target), `diffusion_models/sdvg_toy_drafter.pt` (drafter)
+* `diffusion_models/sdvg_toy_target.safetensors` (target), `diffusion_models/sdvg_toy_student.pt` (drafter: the
+  target distilled by Diagonal Distillation into a few-step student)
 * `text_encoders/sdvg_toy_umt5.safetensors`, `vae/sdvg_toy_patch_vae.safetensors` (a linear patch latent model with
   the streaming VAE's interface, not a Wan VAE)
 * `image_reward/sdvg_toy_critic.pt` (+ its vocab and config), the critic in ImageReward's format
 
 Prompts are toy captions: `a <red|green|blue> <circle|square|triangle> moving <left|right|up|down> on a <black|white>
-background`. The target is a 2.7 M-parameter causal DiT (4 layers), the drafter a 0.7 M one (2 layers), the critic a
-tiny ImageReward trained on the world; τ is on the critic's scale (−2 broken or wrong, +2 a clean frame that matches). The models are
-flow-matching models, not distilled: they sample with their own 10-step list (the custom schedule below) and
-`step_noise` = predicted (Euler steps of the flow ODE).
+background`. The target is a 2.7 M-parameter causal DiT (4 layers), a flow-matching model: it samples with its own
+10-step list (the custom schedule below) and `step_noise` = predicted (Euler steps of the flow ODE). The drafter is the
+same network distilled (DMD with the noisy cache): it samples on its own `drafter_schedule` = diagonal (4, 3, 2 steps)
+with `drafter_step_noise` = fresh, 3.3× fewer forwards for 0.94× the target's judge. The critic is a tiny
+ImageReward trained on the world; τ is on its scale (−2 broken or wrong, +2 a clean frame that matches).
 """
 
 NOTE_TINY = """## Tiny CPU preset (random weights: the video is noise, the pipeline is real)
