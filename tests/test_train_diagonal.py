@@ -223,7 +223,7 @@ def test_two_gloo_processes_equal_one_process_ddp_and_fsdp2(tmp_path):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
-    (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 8, "gen_every": 1}))
+    (tmp_path / "c.json").write_text(json.dumps({"ode_pairs": 8, "gen_every": 1, "student_init": str(FLOW_DRAFTER)}))
     args = ["-m", "sdvg", "train", "diagonal", "--config", str(tmp_path / "c.json"), "--batch", "4", "--threads", "1"]
     one, two, fsdp = tmp_path / "one", tmp_path / "two", tmp_path / "fsdp"
     _run([*args, "--max-steps", "3", "--out", str(one)], env, False)
@@ -234,10 +234,11 @@ def test_two_gloo_processes_equal_one_process_ddp_and_fsdp2(tmp_path):
     assert "resuming from step 2 of 3" in resumed.stderr
     _same_run(one, fsdp, 2)
     measured = json.loads((fsdp / "train.json").read_text())["fsdp_bytes_per_rank"]
-    own = {"teacher": "target", "fake_score": "target", "student": "drafter", "student_ema": "drafter"}  # fake = teacher
+    target = toy_files()["target"]
+    own = {"teacher": target, "fake_score": target, "student": FLOW_DRAFTER, "student_ema": FLOW_DRAFTER}  # fake = teacher
     per_param = {"teacher": 4, "student": 16, "student_ema": 4, "fake_score": 16}
     for key, ranks in measured.items():
-        config = inspect_dit_checkpoint(toy_files()[own[key]]).config
+        config = inspect_dit_checkpoint(own[key]).config
         assert sum(ranks) == per_param[key] * dit_param_count(config)[0], (key, ranks)
         plan = memory_plan(config=config, gpus=2, num_frames=9, latent_hw=(8, 8))
         estimate = plan[key] * (2 if key == "teacher" else 1)  # the plan's teacher is bf16; on the CPU it is fp32

@@ -178,11 +178,8 @@ def build_step_schedule(spec, num_blocks: int, scheduler: FlowMatchScheduler) ->
             lists.append([scheduler.snap(v) for v in row])
     else:
         raise ConfigError(f"Unsupported step schedule {spec!r}; use a string or a list of lists.")
-    out: list[list[float]] = []
-    for b in range(num_blocks):
-        row = lists[min(b, len(lists) - 1)]
-        out.append(_validate_list(row, f"for block {b}"))
-    return out
+    checked = [_validate_list(row, f"for block {b}") for b, row in enumerate(lists)]  # each list once, not per block
+    return [list(checked[min(b, len(checked) - 1)]) for b in range(num_blocks)]
 
 
 @dataclass
