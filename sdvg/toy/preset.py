@@ -35,12 +35,16 @@ def is_toy_tree(models_dir: str | Path | None) -> bool:
     return models_dir is not None and (Path(models_dir) / STAMP).is_file()
 
 
+def read_stamp(models_dir: str | Path) -> dict:
+    """A toy tree's stamp, parsed (OSError / ValueError when it is missing or broken)."""
+    return json.loads((Path(models_dir) / STAMP).read_text(encoding="utf-8"))
+
+
 def toy_files(models_dir: str | Path = TOY_DIR) -> dict[str, Path]:
     """Role → file of a toy models tree; a ModelFileError names what is missing and how to make it."""
     root = Path(models_dir)
     try:
-        info = json.loads((root / STAMP).read_text(encoding="utf-8"))
-        files = {k: root / v for k, v in info["files"].items()}
+        files = {k: root / v for k, v in read_stamp(root)["files"].items()}
     except (OSError, ValueError, KeyError) as exc:
         raise ModelFileError(f"{root} holds no toy-world models ({STAMP} is missing or broken: {exc}). "
                              "Run `python -m sdvg toy train` to train them.") from exc
@@ -56,10 +60,9 @@ def toy_drafter_sampling(models_dir: str | Path = TOY_DIR) -> dict[str, str]:
     distilled student: its own few-step schedule with fresh noise), or {} — the target's schedule and step noise (a
     flow-matching drafter trained like the target)."""
     try:
-        info = json.loads((Path(models_dir) / STAMP).read_text(encoding="utf-8"))
+        sampling = read_stamp(models_dir).get("drafter_sampling") or {}
     except (OSError, ValueError):
         return {}
-    sampling = info.get("drafter_sampling") or {}
     return {k: str(sampling[k]) for k in ("schedule", "step_noise") if sampling.get(k)}
 
 
