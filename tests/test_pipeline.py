@@ -48,12 +48,12 @@ def test_real_size_mismatch_names_the_umt5_xxl_encoder(tmp_path):
 
 
 def test_drafter_that_does_not_match_the_target_is_refused_after_loading(tiny_dir, tmp_path):
-    odd = _write_dit(tmp_path / "odd_patch_drafter.safetensors", patch=(1, 1, 1))
-    with pytest.raises(ConfigError) as err:
-        load_models(tiny_dir, drafter=odd, need=("target", "drafter", "text_encoder", "vae"), dit_device="cpu",
+    odd = _write_dit(tmp_path / "odd_text_drafter.safetensors", text_dim=96)
+    with pytest.raises(ConfigError) as err:  # no text encoder asked for: the pair rule itself speaks
+        load_models(tiny_dir, drafter=odd, need=("target", "drafter", "vae"), dit_device="cpu",
                     aux_device="cpu", dtype="fp32")
     msg = str(err.value)
-    assert f"patch_size is (1, 1, 1) for the drafter {odd} and (1, 2, 2) for the target" in msg, msg
+    assert f"text_dim is 96 for the drafter {odd} and {tiny.TINY_TEXT_DIM} for the target" in msg, msg
     assert "pick a drafter made for this target" in msg
 
 
@@ -72,13 +72,28 @@ def test_missing_and_broken_model_paths_and_bad_devices(tiny_dir, tmp_path):
 
 
 def test_the_sampler_checks_the_pair_with_the_same_rule(tiny_models, tmp_path):
-    """Models built elsewhere (a ComfyUI MODEL, the API) meet the same drafter/target check before a run starts."""
+    """Models built elsewhere (a ComfyUI MODEL, the API) meet the same drafter/target check before a run starts: they
+    share the latent channels and the text width; the patching is each model's own (its own tokens, its own cache),
+    so a patch-1×1 drafter drafts for a patch-2×2 target."""
     from dataclasses import replace
 
+    import torch
+
     from sdvg.loaders import load_dit
+    from sdvg.models.dit import check_dit_pair
     from sdvg.sampling import RouterConfig, SamplerConfig, SpeculativeSampler
 
+    wide = load_dit(_write_dit(tmp_path / "wide.safetensors", text_dim=96), dtype="fp32", device="cpu")
+    with pytest.raises(ConfigError, match=r"text_dim is 96 for the drafter and 64 for the target\."):
+        check_dit_pair(tiny_models.target.config, wide.config)
+    with pytest.raises(ConfigError, match="the drafter reads 96-wide prompt embeddings"):  # the sampler refuses it
+        SpeculativeSampler(replace(tiny_models, drafter=wide), RouterConfig(), SamplerConfig(num_blocks=2, width=32,
+                                                                                             height=32))
     odd = load_dit(_write_dit(tmp_path / "odd.safetensors", patch=(1, 1, 1)), dtype="fp32", device="cpu")
-    with pytest.raises(ConfigError, match=r"patch_size is \(1, 1, 1\) for the drafter and \(1, 2, 2\) for the target\."):
-        SpeculativeSampler(replace(tiny_models, drafter=odd), RouterConfig(), SamplerConfig(num_blocks=2, width=32,
-                                                                                            height=32))
+    check_dit_pair(tiny_models.target.config, odd.config)
+    cfg = SamplerConfig(num_blocks=2, width=32, height=32)
+    res = SpeculativeSampler(replace(tiny_models, drafter=odd), RouterConfig(mode="draft-only"), cfg).run("a cat")
+    target = SpeculativeSampler(tiny_models, RouterConfig(mode="target-only"), cfg).run("a cat")
+    assert res.frames.shape == target.frames.shape and torch.isfinite(res.frames).all()
+    assert [b.produced_by for b in res.blocks] == ["drafter", "drafter"]
+    assert not torch.equal(res.frames, target.frames)  # the patch-1×1 drafter's own video

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,11 +68,10 @@ def stamped_file(models_dir: str | Path, role: str) -> Path | None:
     """The file a tree's stamp names for ``role``: a tree our trainers write carries ``sdvg_<name>.json`` whose
     ``files`` map gives each role's file (relative to the tree), so a tree holding several DiTs — the toy world's
     flow-matching drafter beside its distilled student — says which one is which. None without such a stamp."""
-    for stamp in sorted(Path(models_dir).glob("sdvg_*.json")):
-        try:
-            files = json.loads(stamp.read_text(encoding="utf-8")).get("files") or {}
-        except (OSError, ValueError, AttributeError):
-            continue
+    from .stamp import tree_stamps
+
+    for stamp in tree_stamps(models_dir):
+        files = stamp.get("files") or {}
         if isinstance(files, dict) and files.get(role):
             return Path(models_dir) / str(files[role])
     return None
@@ -233,13 +231,22 @@ def inspect_dits(paths: dict[str, Path]) -> dict:
     return {role: inspect_dit_checkpoint(paths[role]) for role in ("target", "drafter") if role in paths}
 
 
+def forward_work(info) -> float:
+    """What one forward of a DiT costs, up to a constant: its parameters × its tokens per latent pixel (a patch-1×1
+    model reads 4 × the tokens of a patch-2×2 one)."""
+    _, p_h, p_w = info.config["patch_size"]
+    return info.num_params / (p_h * p_w)
+
+
 def warn_if_drafter_larger(infos: dict) -> None:
-    """A drafter with more parameters than its target is legal but almost always the two files swapped: say so."""
-    if "target" in infos and "drafter" in infos and infos["drafter"].num_params > infos["target"].num_params:
+    """A drafter whose forward costs more than its target's (parameters × tokens) is legal but almost always the two
+    files swapped: say so."""
+    if "target" in infos and "drafter" in infos and forward_work(infos["drafter"]) > forward_work(infos["target"]):
         d, t = infos["drafter"], infos["target"]
-        logger.warning("the drafter %s (%s, %.3gM params) is larger than the target %s (%s, %.3gM params): "
-                       "were --drafter and --target swapped? Speculative decoding saves time only with a small drafter.",
-                       d.path, d.size_label, d.num_params / 1e6, t.path, t.size_label, t.num_params / 1e6)
+        logger.warning("the drafter %s (%s, %.3gM params) is larger than the target %s (%s, %.3gM params) per "
+                       "forward: were --drafter and --target swapped? Speculative decoding saves time only with a "
+                       "small drafter.", d.path, d.size_label, d.num_params / 1e6, t.path, t.size_label,
+                       t.num_params / 1e6)
 
 
 UMT5_XXL_WIDTH = 4096  # d_model of UMT5-XXL = text_dim of every Wan 2.1 DiT

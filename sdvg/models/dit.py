@@ -25,12 +25,14 @@ logger = logging.getLogger(__name__)
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _ROPE_CACHE_MAX = 16
-PAIR_KEYS = ("in_channels", "out_channels", "patch_size", "text_dim")  # what a drafter and its target must share
+#: what a drafter and its target must share: the latent space and the text embeddings (the patching is each model's own:
+#: its tokens and its KV cache are its own, only latents pass between them)
+PAIR_KEYS = ("in_channels", "out_channels", "text_dim")
 
 
 def check_dit_pair(target: Any, drafter: Any, *, target_name: str = "the target",
                    drafter_name: str = "the drafter") -> None:
-    """Drafter and target (their configs) share the latent space, the patching and the text encoder."""
+    """Drafter and target (their configs) share the latent space and the text encoder."""
     def as_tuple(value: Any) -> tuple:
         return tuple(value) if isinstance(value, list | tuple) else (value,)
 

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import ConfigError
 from .dit_train import CaptionBank, DiTSpec, DiTTrainSettings, original_state_dict, train_dit
-from .preset import FLOW_DRAFTER_FILE
+from .preset import FLOW_DRAFTER_FILE, STAMP, read_stamp
 from .world import CLIP_FRAMES, all_captions, render_batch, v1_captions
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ FILES = {
     "drafter": FLOW_DRAFTER_FILE,
     "reward": "image_reward/sdvg_toy_critic.pt",
 }
-STAMP = "sdvg_toy.json"
 
 
 @dataclass
@@ -54,7 +53,8 @@ class ToyTrainConfig:
     drafter: DiTSpec = field(default_factory=lambda: DiTSpec(heads=2, head_dim=32, ffn=256, layers=2, patch=1))
     target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=20000, batch=8, seed=11))
     drafter_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=2000, batch=8, seed=12))
-    critic_steps: int = 1500
+    critic_steps: int = 2000
+    critic_rank_weight: float = 1.0  # the contrast-caption ranking term (critic_train.py); 0 = regression only
 
     def scaled(self, max_steps: int | None) -> ToyTrainConfig:
         """The same config with every training stage cut to ``max_steps`` (smoke tests)."""
@@ -208,7 +208,7 @@ def _stage_info(stage: str, cfg: ToyTrainConfig, work: Path) -> dict:
 
 def _read_stamp(out: Path) -> dict:
     try:
-        return json.loads((out / STAMP).read_text(encoding="utf-8"))
+        return read_stamp(out)
     except (OSError, ValueError):
         return {}
 
