@@ -237,3 +237,37 @@ def test_eval_ray_without_the_extra_names_it(tmp_path, capsys):
     prompts.write_text("a fox\n", encoding="utf-8")
     assert main(["eval", "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--ray", "auto"]) == 2
     assert "pip install '.[ray]'" in capsys.readouterr().err
+
+
+def test_the_reward_rows_score_the_subset_asked_and_a_bad_one_is_refused_first(tmp_path):
+    """``score_frames``: the sdvg, refine and sdvg-rate rows score that many frames a block; the other rows score
+    nothing to route on; a bad value is refused before any row runs."""
+    from argparse import Namespace
+
+    from sdvg.cli.args import score_frames_from_args
+    from sdvg.toy import TOY_SCORE_FRAMES
+
+    runner = ev.PromptRunner(_NoRun(), CONFIG, tmp_path, score_frames=2, rate_router={"prior_mean": 0.0})
+    for method, tau in (("sdvg", -1.0), ("refine", -1.0), ("sdvg-rate", 0.5)):
+        assert runner.router(0, method, tau, {}).validate().score_frames == 2, method
+    assert runner.router(0, "target-only", None, {}).score_frames == 0
+    with pytest.raises(ConfigError, match="score_frames must be a whole number of frames >= 0"):
+        ev.evaluate(_NoRun(), PROMPTS, tmp_path / "out", taus=(-1.0,), sampler_config=CONFIG, score_frames=-1)
+    assert not (tmp_path / "out").exists()
+    assert score_frames_from_args(Namespace(score_frames=None, cascade=0), "toy") == TOY_SCORE_FRAMES
+    assert score_frames_from_args(Namespace(score_frames=None, cascade=3), "toy") == 0  # cascade picks its own
+    assert score_frames_from_args(Namespace(score_frames=None, cascade=0), None) == 0  # the engine: every frame
+    assert score_frames_from_args(Namespace(score_frames=5, cascade=0), "toy") == 5
+
+
+def test_spearman_ranks_ties_and_refuses_what_has_no_ranks():
+    from sdvg.eval.stats import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 8, 27, 64]) == pytest.approx(1.0)  # monotone, not linear
+    # ties take their average rank: ranks x = 1, 2.5, 2.5, 4 against y = 1..4 → Pearson of the ranks
+    assert spearman([0, 1, 1, 2], [1, 2, 3, 4]) == pytest.approx(4.5 / (4.5 * 5.0) ** 0.5)
+    assert spearman([1, 1, 1], [1, 2, 3]) is None and spearman([1], [2]) is None
+    with pytest.raises(ValueError, match="pairs"):
+        spearman([1, 2], [1])

@@ -123,9 +123,25 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     r.add_argument("--early-exit", action="store_true", help="stop scoring at the first frame below τ (min, fixed)")
     r.add_argument("--cascade", type=int, default=_R.cascade, help="SDVG-hybrid cascade scoring: score K spread frames first; "
                    "one below τ is a safe reject (min, fixed τ; 0 = off)")
-    r.add_argument("--score-frames", type=int, default=_R.score_frames, help="score only K frames spread over each block (the "
-                   "block score aggregates those; 0 = every frame): cheaper scoring, a frame between them goes unseen")
+    add_score_frames_arg(r)
     add_compat_args(p, profile_flag=profile_flag)
+
+
+def add_score_frames_arg(g) -> None:
+    g.add_argument("--score-frames", type=int, default=None, help="score only K frames spread over each block (the "
+                   f"block score aggregates those; 0 = every frame; default {_R.score_frames}, the toy world's models: "
+                   "TOY_SCORE_FRAMES): cheaper scoring, a frame between them goes unseen")
+
+
+def score_frames_from_args(args, preset: str | None = None) -> int:
+    """``--score-frames``, or the default: the engine's (every frame), the toy world's on its models (every frame
+    under ``--cascade``, which scores a subset first itself)."""
+    from ..toy import TOY_SCORE_FRAMES
+
+    given = getattr(args, "score_frames", None)
+    if given is not None:
+        return given
+    return TOY_SCORE_FRAMES if preset == "toy" and not getattr(args, "cascade", 0) else _R.score_frames
 
 
 def router_config_from_args(args, preset: str | None = None) -> RouterConfig:
@@ -141,7 +157,7 @@ def router_config_from_args(args, preset: str | None = None) -> RouterConfig:
         mode=mode, tau=tau, aggregation=args.aggregation, q=args.quantile, threshold=args.threshold,
         target_rate=args.target_rate, delta=args.delta, force_reject_first=not args.no_force_reject_first,
         random_rate=args.random_rate, seed=args.seed, early_exit=args.early_exit,
-        cascade=getattr(args, "cascade", _R.cascade), score_frames=getattr(args, "score_frames", _R.score_frames),
+        cascade=getattr(args, "cascade", _R.cascade), score_frames=score_frames_from_args(args, preset),
         pattern=parse_pattern(args.pattern) if args.pattern is not None else None,
     ).validate()
 

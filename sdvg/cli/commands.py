@@ -167,6 +167,7 @@ def add_eval_parser(subparsers) -> None:
     g.add_argument("--step-noise", choices=STEP_NOISES, default=None, help=f"default {SamplerConfig.step_noise}; the "
                    "toy world's models: predicted (flow ODE)")
     cli_args.add_drafter_schedule_args(g)
+    cli_args.add_score_frames_arg(g)
     cli_args.add_compat_args(p)
     r = p.add_argument_group("Ray (optional extra: pip install '.[ray]')")
     r.add_argument("--ray", default=None, metavar="auto|ADDRESS", help="run prompts as tasks on a Ray cluster, one "
@@ -214,7 +215,7 @@ def cmd_eval(args) -> int:
     prompts = read_prompts(args.prompts) if args.prompts is not None else world["prompts"]
     prompts = prompts[: args.limit] if args.limit else prompts
     seeds = seeds[: len(prompts)] if seeds is not None else None
-    check_plan(prompts, taus, methods, args.max_rows, rates)
+    check_plan(prompts, taus, methods, args.max_rows, rates, args.score_frames or 0)
     check_out_dir(args.out)
     if args.ray:
         from ..eval import import_ray
@@ -225,16 +226,18 @@ def cmd_eval(args) -> int:
     blocks = 3 if source.preset else SamplerConfig.num_blocks
     config = cli_args.sampler_config_from_args(args, source.preset, default_blocks=blocks,
                                                drafter=source.drafter_sampling)
+    score_frames = cli_args.score_frames_from_args(args, source.preset)
     if args.ray:
-        return _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds)
+        return _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds, score_frames)
     models = cli_args.load_from_source(source, args, need=cli_args.ROLES)
     dev = models.target_device
     set_cpu_threads(getattr(args, "threads", None), 1 if dev is not None and dev.type == "cpu" else None)
     log(f"eval: {len(prompts)} prompt(s), methods {', '.join(methods)}, τ {', '.join(map(str, taus))}, "
-        f"{config.num_blocks} blocks at {config.width}x{config.height}, {set_cpu_threads(None)} thread(s)")
+        f"{config.num_blocks} blocks at {config.width}x{config.height}, {set_cpu_threads(None)} thread(s), reward rows "
+        f"scoring {score_frames or 'every'} frame(s) a block")
     res = evaluate(models, prompts, args.out, taus=taus, methods=methods, sampler_config=config, metrics=metrics,
                    max_rows=args.max_rows, save_videos=not args.no_videos, log=log, rates=rates, seeds=seeds,
-                   rate_router=world["rate_router"])
+                   rate_router=world["rate_router"], score_frames=score_frames)
     sys.stdout.write(format_summary(res["summary"]) + "\n\n" + format_paired(res["paired"]) + "\n")  # CLI output
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
@@ -259,7 +262,7 @@ def _rate_methods(methods: tuple[str, ...], rates: tuple[float, ...], args, log)
     return tuple(m for m in methods if m not in RATE_METHODS)
 
 
-def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None) -> int:
+def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None, score_frames: int = 0) -> int:
     from ..eval import evaluate_ray, format_summary
 
     if args.ray_actors is not None and args.ray_actors < 1:
@@ -267,7 +270,7 @@ def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None) 
     load_kwargs = {**cli_args.load_kwargs(source, args, need=cli_args.ROLES), "threads": getattr(args, "threads", None)}
     res = evaluate_ray(args.ray, load_kwargs, prompts, args.out, taus=taus, methods=methods, sampler_config=config,
                        metric_specs=args.metric, actors=args.ray_actors, retries=args.ray_retries,
-                       save_videos=not args.no_videos, log=log, seeds=seeds)
+                       save_videos=not args.no_videos, log=log, seeds=seeds, score_frames=score_frames)
     sys.stdout.write(format_summary(res["summary"]) + "\n")  # CLI output of the command
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")

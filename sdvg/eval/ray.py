@@ -33,7 +33,7 @@ class _EvalWorker:
     """A Ray actor's state: the models, loaded once, and a PromptRunner."""
 
     def __init__(self, load_kwargs: Mapping[str, Any], config, out: str, metric_specs: Sequence[str],
-                 save_videos: bool, warmup: bool) -> None:
+                 save_videos: bool, warmup: bool, score_frames: int = 0) -> None:
         from ..devices import set_cpu_threads
         from ..loaders.bundle import load_models
         from .run import PromptRunner, load_metric
@@ -41,7 +41,7 @@ class _EvalWorker:
         set_cpu_threads(load_kwargs.get("threads"), 1)
         models = load_models(**{k: v for k, v in load_kwargs.items() if k != "threads"})
         self.runner = PromptRunner(models, config, Path(out), metrics=[load_metric(m) for m in metric_specs],
-                                   save_videos=save_videos)
+                                   save_videos=save_videos, score_frames=score_frames)
         self.warm = not warmup
 
     def run_prompt(self, pid: int, prompt: str, todo: list, done_rows: list, seed: int | None = None) -> list[dict]:
@@ -54,16 +54,19 @@ class _EvalWorker:
 def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence[str], out_dir: str | Path, *,
                  taus: Sequence[float], methods: Sequence[str], sampler_config, metric_specs: Sequence[str] = (),
                  actors: int | None = None, retries: int = 2, save_videos: bool = True, warmup: bool = True,
-                 log: Callable[[str], None] | None = None, seeds: Sequence[int] | None = None) -> dict:
+                 log: Callable[[str], None] | None = None, seeds: Sequence[int] | None = None,
+                 score_frames: int = 0) -> dict:
     """The Ray twin of :func:`sdvg.evaluate.evaluate` (same CSV, summary and plot). ``address``: "auto" (the
     cluster in ``RAY_ADDRESS``, else a local one) or a cluster address; ``load_kwargs``: ``load_models``'
-    arguments, ``metric_specs``: ``--metric`` strings (each actor imports them); ``seeds``: one per prompt. The
+    arguments, ``metric_specs``: ``--metric`` strings (each actor imports them); ``seeds``: one per prompt;
+    ``score_frames``: the reward rows' scored frames per block, as in ``evaluate``. The
     target-rate rows (sdvg-rate) are not run on Ray: their threshold pools the scores of one process's videos."""
     from . import run as ev
 
     ray = import_ray()
     if retries < 0:
         raise ConfigError(f"retries must be >= 0, got {retries}.")
+    ev.check_score_frames(score_frames)
     out = ev.check_out_dir(out_dir)
     metrics = [ev.load_metric(m) for m in metric_specs]  # a bad --metric fails here, before the cluster starts
     results = ev.ResultsFile(out / ev.RESULTS, ev._declared_names(metrics))
@@ -76,7 +79,8 @@ def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence
                  log_to_driver=False, configure_logging=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
     remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=1, max_restarts=1)(_EvalWorker)
-    workers = [remote.remote(dict(load_kwargs), sampler_config, str(out), list(metric_specs), save_videos, warmup)
+    workers = [remote.remote(dict(load_kwargs), sampler_config, str(out), list(metric_specs), save_videos, warmup,
+                             score_frames)
                for _ in range(min(actors or gpus or 1, max(1, len(pids))))]  # one actor per GPU unless told
     if log:
         log(f"eval on Ray: {len(pids)} prompt(s) to run on {len(workers)} actor(s) "

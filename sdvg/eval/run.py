@@ -303,16 +303,19 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
              methods: Sequence[str] = DEFAULT_METHODS, sampler_config=None,
              metrics: Sequence[tuple[str, Callable]] = (), max_rows: int | None = None, save_videos: bool = True,
              warmup: bool = True, log: Callable[[str], None] | None = None, rates: Sequence[float] = (),
-             seeds: Sequence[int] | None = None, rate_router: Mapping[str, float] | None = None) -> dict:
+             seeds: Sequence[int] | None = None, rate_router: Mapping[str, float] | None = None,
+             score_frames: int = 0) -> dict:
     """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}.
 
     ``rates``: the target acceptance rates of the sdvg-rate / random-rate rows (the router's target-rate threshold,
     a quantile of the block scores seen so far in this run, pooled over its videos; ``rate_router``: that router's
     prior, e.g. ``{"prior_mean": …, "prior_std": …}``). ``seeds``: one sampling seed per prompt (default: the
-    sampler config's seed for all), so a (caption, seed) pair is one prompt id."""
+    sampler config's seed for all), so a (caption, seed) pair is one prompt id. ``score_frames``: the reward rows
+    (sdvg, sdvg-rate, refine) score only that many frames spread over each block (0 = every frame; the router's
+    ``score_frames``)."""
     from ..sampling.sampler import SamplerConfig
 
-    _check_inputs(models, prompts, taus, methods, max_rows, rates)
+    _check_inputs(models, prompts, taus, methods, max_rows, rates, score_frames)
     if seeds is not None and len(seeds) != len(prompts):
         raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one seed per prompt.")
     out = check_out_dir(out_dir)  # before any row runs
@@ -325,7 +328,7 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
     written = 0
     runner = PromptRunner(models, config, out, metrics=metrics, save_videos=save_videos, log=log,
-                          rate_router=rate_router)
+                          rate_router=rate_router, score_frames=score_frames)
     if todo and warmup:
         runner.warm_up(prompts[todo[0][0]])
     for pid in dict.fromkeys(r[0] for r in todo):
@@ -356,10 +359,11 @@ class PromptRunner:
     each Ray actor (``eval_ray.py``) use it. ``pools``: the run-wide target-rate score pools (compat "pooled")."""
 
     def __init__(self, models, config, out: Path, *, metrics=(), save_videos: bool = True, log=None,
-                 rate_router: Mapping[str, float] | None = None) -> None:
+                 rate_router: Mapping[str, float] | None = None, score_frames: int = 0) -> None:
         self.models, self.config, self.out, self.metrics = models, config, out, metrics
         self.save_videos, self.log = save_videos, log
         self.rate_router = dict(rate_router or {})
+        self.score_frames = score_frames
         self.pools: dict[tuple[str, str], list[float]] = {}
 
     def config_for(self, method: str, seed: int | None = None):
@@ -387,10 +391,11 @@ class PromptRunner:
         if method == "target0-draft":  # block 0 is the target's (force_reject_first), every drafted block accepted
             return RouterConfig(mode="pattern", pattern=(True,) * (self.config.num_blocks - 1))
         if method in ("sdvg", "refine"):
-            return RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed")
+            return RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed",
+                                score_frames=self.score_frames)
         if method == "sdvg-rate":
             return RouterConfig(mode="reward", aggregation="min", threshold="target-rate", target_rate=float(tau),
-                                **self.rate_router)
+                                score_frames=self.score_frames, **self.rate_router)
         matched = known.get((MATCHED[method], tau_key(tau)))
         if matched is None:
             return None
@@ -423,15 +428,23 @@ class PromptRunner:
 
 
 def _check_inputs(models, prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows,
-                  rates: Sequence[float] = ()) -> None:
-    check_plan(prompts, taus, methods, max_rows, rates)
+                  rates: Sequence[float] = (), score_frames: int = 0) -> None:
+    check_plan(prompts, taus, methods, max_rows, rates, score_frames)
     if models.reward is None:
         raise ConfigError("The evaluation scores every output with ImageReward; no reward model was given.")
 
 
+def check_score_frames(score_frames: int) -> None:
+    """The reward rows' scored frames per block, checked by the router's own rule before any row runs."""
+    from ..sampling.router import RouterConfig
+
+    RouterConfig(mode="reward", score_frames=score_frames).validate()
+
+
 def check_plan(prompts: Sequence[str], taus: Sequence[float], methods: Sequence[str], max_rows,
-               rates: Sequence[float] = ()) -> None:
+               rates: Sequence[float] = (), score_frames: int = 0) -> None:
     """Refuse an evaluation that cannot run as asked, from its arguments alone (the CLI calls it before loading)."""
+    check_score_frames(score_frames)
     if not prompts or "target-only" not in methods or not set(methods) <= set(METHODS):
         raise ConfigError(f"Nothing to compare: {len(prompts)} prompt(s), methods {list(methods)}. Pass prompts and "
                           f"some of {', '.join(METHODS)}, target-only among them (speedups are relative to it).")

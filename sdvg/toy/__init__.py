@@ -12,6 +12,6 @@ that draw them.
 from ..facade import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "preset": "TOY_BLOCKS TOY_DIR TOY_RATES TOY_RATE_PRIOR TOY_SCHEDULE TOY_SIZE TOY_STEP_NOISE TOY_TAU TOY_TAUS "
+    "preset": "TOY_BLOCKS TOY_DIR TOY_RATES TOY_RATE_PRIOR TOY_SCHEDULE TOY_SCORE_FRAMES TOY_SIZE TOY_STEP_NOISE TOY_TAU TOY_TAUS "
               "is_toy_tree toy_drafter_sampling toy_eval_items toy_prompts toy_tree",
 })
