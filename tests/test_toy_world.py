@@ -335,3 +335,44 @@ def test_a_tree_stamp_names_the_file_of_each_role(tmp_path):
     assert find_model_file(tmp_path, "drafter").name == "sdvg_toy_drafter.pt"
     (tmp_path / "sdvg_toy.json").write_text(json.dumps({"files": {"drafter": "diffusion_models/sdvg_toy_student.pt"}}))
     assert find_model_file(tmp_path, "drafter").name == "sdvg_toy_student.pt"
+
+
+def test_the_critic_s_contrast_captions_change_one_attribute_and_rank_by_ground_truth():
+    """The ranking term's pairs: the contrast caption differs from the scene's caption in one attribute (the shape
+    half the time), and the sign says which caption matches the rendered scene better — from the scene, never the
+    judge."""
+    from sdvg.loaders.vae_open import open_vae
+    from sdvg.toy import TOY_DIR
+    from sdvg.toy.critic_train import contrast_caption, make_batch
+
+    gen = torch.Generator().manual_seed(0)
+    changed = []
+    for caption in all_captions()[:120]:
+        other, name = contrast_caption(gen, caption)
+        a, b = parse_caption(caption), parse_caption(other)
+        assert [k for k in a if a[k] != b[k]] == [name] and name != "direction"
+        changed.append(name)
+    assert 0.35 < changed.count("shape") / len(changed) < 0.65 and {"colour", "background"} <= set(changed)
+    vae = open_vae(TOY_DIR / "vae" / "sdvg_toy_patch_vae.safetensors", device="cpu", dtype="fp32")
+    frames, captions, labels, others, signs = make_batch(torch.Generator().manual_seed(1), 24, vae, contrast=True)
+    assert frames.shape == (24, 64, 64, 3) and len(captions) == len(others) == 24 and signs.shape == (24,)
+    assert set(signs.tolist()) <= {-1.0, 0.0, 1.0} and (signs == 1).sum() >= 8  # ~half are the scene's own: they win
+    for caption, other, sign in zip(captions, others, signs.tolist(), strict=True):
+        if sign == 0:
+            continue
+        words = lambda c: {v for k, v in parse_caption(c).items() if k != "direction"}  # noqa: E731
+        assert words(caption) != words(other)
+
+
+def test_the_toy_pair_is_not_taken_for_swapped_files(caplog):
+    """The student (2.73 M parameters, patch 2×2) drafts for the patch-1×1 target (1.21 M, 4 × the tokens): its
+    forward is the cheaper one, so the swapped-files warning, which weighs parameters by tokens, stays silent."""
+    from sdvg.loaders.bundle import forward_work, inspect_dits, warn_if_drafter_larger
+    from sdvg.toy.preset import toy_files
+
+    infos = inspect_dits(toy_files())
+    assert infos["drafter"].num_params > infos["target"].num_params
+    assert forward_work(infos["drafter"]) < forward_work(infos["target"]) / 1.5
+    with caplog.at_level("WARNING"):
+        warn_if_drafter_larger(infos)
+    assert "larger than the target" not in caplog.text

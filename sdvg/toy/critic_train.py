@@ -6,6 +6,12 @@ a render of a scene, possibly **corrupted** — noise in the patch latent space 
 object, blur, pixel noise — and a caption that matches it or differs in some of the three attributes a frame shows
 (background, colour, shape): half the captions are changed, each attribute with probability 1/2. The label is ``4·q − 2`` with ``q = (matching attributes / 3) · (1 − corruption)``,
 regressed with an MSE on the model's reward (ImageReward's z-score scale).
+
+Each frame is also scored against a **contrast caption**, its own caption with one attribute changed (the shape half
+the time, else the colour or the background), and a logistic ranking loss asks the caption that matches better to
+score higher (``rank_weight``; 0 = the regression alone). The regression alone learnt colour and background but
+not shape: a frame's shape moves its label as much as its colour does, but the colour is far easier to see, and a
+regression settles for it; the ranking pairs differ in nothing but the changed word.
 """
 
 from __future__ import annotations
@@ -66,8 +72,30 @@ def _corrupt(gen: torch.Generator, frame: torch.Tensor, vae) -> tuple[torch.Tens
     return noisy, c
 
 
-def make_batch(gen: torch.Generator, n: int, vae) -> tuple[torch.Tensor, list[str], torch.Tensor]:
-    frames, captions, labels = [], [], []
+def contrast_caption(gen: torch.Generator, caption: str) -> tuple[str, str]:
+    """``caption`` with one attribute changed (shape with probability 1/2, else colour or background) → (caption,
+    the attribute changed)."""
+    from .world import parse_caption
+
+    attrs = parse_caption(caption)
+    u = float(torch.rand((), generator=gen))
+    name, options = (("shape", SHAPES) if u < 0.5 else ("colour", OBJECT_COLOURS) if u < 0.75
+                     else ("background", BACKGROUNDS))
+    attrs[name] = _swap(gen, attrs[name], options)
+    return caption_of(attrs["colour"], attrs["shape"], attrs["direction"], attrs["background"]), name
+
+
+def _matches(caption: str, scene) -> int:
+    from .world import parse_caption
+
+    attrs = parse_caption(caption)
+    return sum(attrs[a] == getattr(scene, a) for a in ("background", "colour", "shape"))
+
+
+def make_batch(gen: torch.Generator, n: int, vae, *, contrast: bool = False):
+    """``n`` (frame, caption, label) examples → (frames, captions, labels); with ``contrast``, also each frame's
+    contrast caption and whether the frame's own caption matches it better (captions, sign ∈ {−1, 0, +1})."""
+    frames, captions, labels, others, signs = [], [], [], [], []
     for _ in range(n):
         scene = sample_scene(gen)
         t = int(torch.randint(33, (), generator=gen))
@@ -83,6 +111,13 @@ def make_batch(gen: torch.Generator, n: int, vae) -> tuple[torch.Tensor, list[st
         captions.append(caption_of(attrs["colour"], attrs["shape"], scene.direction, attrs["background"]))
         frames.append(frame)
         labels.append(4.0 * (3 - wrong) / 3 * (1 - corruption) - 2.0)
+        if contrast:
+            other, _ = contrast_caption(gen, scene.caption)
+            others.append(other)
+            signs.append(float((_matches(captions[-1], scene) > _matches(other, scene))
+                               - (_matches(captions[-1], scene) < _matches(other, scene))))
+    if contrast:
+        return torch.stack(frames), captions, torch.tensor(labels), others, torch.tensor(signs)
     return torch.stack(frames), captions, torch.tensor(labels)
 
 
@@ -115,13 +150,21 @@ def train_critic(paths: dict[str, Path], cfg, work: Path, *, progress: Callable[
     losses = []
     for step in range(cfg.critic_steps):
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-        frames, captions, labels = make_batch(gen, batch, vae)
-        prompts = [model.prepare_prompt(c) for c in captions]
+        rank = cfg.critic_rank_weight > 0
+        frames, captions, labels, *contrast = make_batch(gen, batch, vae, contrast=rank)
+        others = contrast[0] if rank else []
+        prompts = [model.prepare_prompt(c) for c in [*captions, *others]]
         ids = torch.cat([p.input_ids for p in prompts])
         mask = torch.cat([p.attention_mask for p in prompts])
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / 50)
-        loss = F.mse_loss(model.rewards(model.preprocess(frames), ids, mask), labels)
+        pixels = model.preprocess(frames)
+        scores = model.rewards(pixels.repeat(2, 1, 1, 1) if rank else pixels, ids, mask)
+        loss = F.mse_loss(scores[:batch], labels)
+        if rank:  # the better-matching caption of each pair scores higher (pairs that match equally: no term)
+            sign = contrast[1]
+            rank_loss = (F.softplus(-sign * (scores[:batch] - scores[batch:]) * 2.0) * sign.abs()).sum()
+            loss = loss + cfg.critic_rank_weight * rank_loss / sign.abs().sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
