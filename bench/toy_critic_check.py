@@ -73,13 +73,9 @@ def caption_reading(critic, vae, scenes: int, seed: int) -> dict:
         vae.reset()
         attrs = scene.attributes()
         right = float(critic.score(frame, scene.caption).min())
-        for name, values in options.items():
-            for other in values:
-                if other == attrs[name]:
-                    continue
-                wrong = caption_of(**{**attrs, name: other})
-                diffs[name].append(right - float(critic.score(frame, wrong).min()))
-                break  # one wrong caption per attribute and scene (the first other value, cycled by the scene)
+        for name, values in options.items():  # one wrong caption per attribute: the first other value
+            wrong = caption_of(**{**attrs, name: next(v for v in values if v != attrs[name])})
+            diffs[name].append(right - float(critic.score(frame, wrong).min()))
     out = {}
     for name, d in diffs.items():
         out[name] = {"right_minus_wrong": _r(list(mean_ci(d))), "right_higher": _r(sum(x > 0 for x in d) / len(d)),

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.reward import ImageReward, ImageRewardConfig
-from .world import BACKGROUNDS, OBJECT_COLOURS, SHAPES, caption_of, render, sample_scene
+from .world import BACKGROUNDS, OBJECT_COLOURS, SHAPES, caption_of, parse_caption, render, sample_scene
 
 logger = logging.getLogger(__name__)
 
@@ -75,21 +75,12 @@ def _corrupt(gen: torch.Generator, frame: torch.Tensor, vae) -> tuple[torch.Tens
 def contrast_caption(gen: torch.Generator, caption: str) -> tuple[str, str]:
     """``caption`` with one attribute changed (shape with probability 1/2, else colour or background) → (caption,
     the attribute changed)."""
-    from .world import parse_caption
-
     attrs = parse_caption(caption)
     u = float(torch.rand((), generator=gen))
     name, options = (("shape", SHAPES) if u < 0.5 else ("colour", OBJECT_COLOURS) if u < 0.75
                      else ("background", BACKGROUNDS))
     attrs[name] = _swap(gen, attrs[name], options)
     return caption_of(attrs["colour"], attrs["shape"], attrs["direction"], attrs["background"]), name
-
-
-def _matches(caption: str, scene) -> int:
-    from .world import parse_caption
-
-    attrs = parse_caption(caption)
-    return sum(attrs[a] == getattr(scene, a) for a in ("background", "colour", "shape"))
 
 
 def make_batch(gen: torch.Generator, n: int, vae, *, contrast: bool = False):
@@ -114,8 +105,8 @@ def make_batch(gen: torch.Generator, n: int, vae, *, contrast: bool = False):
         if contrast:
             other, _ = contrast_caption(gen, scene.caption)
             others.append(other)
-            signs.append(float((_matches(captions[-1], scene) > _matches(other, scene))
-                               - (_matches(captions[-1], scene) < _matches(other, scene))))
+            # the contrast caption matches the scene in 2 of its 3 visible attributes, the caption in 3 − wrong
+            signs.append(float((wrong < 1) - (wrong > 1)))
     if contrast:
         return torch.stack(frames), captions, torch.tensor(labels), others, torch.tensor(signs)
     return torch.stack(frames), captions, torch.tensor(labels)
