@@ -285,6 +285,35 @@ def test_a_dit_stage_warm_starts_from_an_exported_checkpoint(patch_vae, tmp_path
     assert st["step"] == 3 and len(st["losses"]) == 1
 
 
+def test_the_object_weighted_flow_loss_weighs_the_object_cells_and_reduces_to_the_plain_loss():
+    """``object_weight`` k: weights 1 + k·cover on the latent grid — exactly 1 where the object never is, above 1
+    where it is, the first latent frame from pixel frame 0 alone — and a uniform weight gives the plain MSE."""
+    from sdvg.models.dit import CausalWanTransformer
+    from sdvg.toy.dit_train import DiTSpec, flow_loss, object_weight_map
+    from sdvg.toy.world import object_cover, render
+
+    gen = torch.Generator().manual_seed(3)
+    scenes = [sample_scene(gen) for _ in range(2)]
+    w = object_weight_map(scenes, 4.0)
+    assert w.shape == (2, 1, 9, 8, 8) and float(w.min()) == 1.0 and float(w.max()) <= 5.0
+    cover = object_cover(scenes[0])
+    frame0 = torch.nn.functional.avg_pool2d(cover[:1], 8)[0]
+    assert torch.equal(w[0, 0, 0], 1 + 4.0 * frame0)
+    # the cover is the render's: background pixels where it is 0, the object's colour where it is 1
+    pixels = render(scenes[0])
+    assert torch.equal(pixels[cover == 1][:, 0], torch.full_like(pixels[cover == 1][:, 0], pixels[cover == 1][0, 0]))
+    assert (w > 1).any() and (w == 1).float().mean() > 0.5  # the object is a small part of the frame
+
+    torch.manual_seed(0)
+    model = CausalWanTransformer(**DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=1).config()).float()
+    x0, embeds = torch.randn(2, 16, 9, 8, 8), torch.randn(2, 8, 64)
+    plain = flow_loss(model, x0, embeds, 1, torch.Generator().manual_seed(1))
+    uniform = flow_loss(model, x0, embeds, 1, torch.Generator().manual_seed(1), torch.full((2, 1, 9, 8, 8), 3.0))
+    weighted = flow_loss(model, x0, embeds, 1, torch.Generator().manual_seed(1), w)
+    torch.testing.assert_close(uniform, plain, rtol=1e-6, atol=0)
+    assert not torch.isclose(weighted, plain)
+
+
 def test_a_toy_tree_declares_how_its_drafter_samples(tmp_path):
     """The stamp's ``drafter_sampling`` (a distilled student's own schedule and fresh noise) is the CLI's and the
     toy sampler's default for the tree's drafter — not for a drafter file given on the command line, not with

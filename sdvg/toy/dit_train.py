@@ -27,7 +27,7 @@ from ..loaders.checkpoint import torch_load
 from ..loaders.wan_keys import make_config, to_original_keys
 from ..models.dit import CausalWanTransformer
 from ..models.patch_vae import PatchVAE
-from .world import CLIP_FRAMES, render_batch, train_captions
+from .world import CLIP_FRAMES, Scene, object_cover, render_batch, train_captions
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class DiTTrainSettings:
     seed: int = 0
     save_every: int = 250
     weight_decay: float = 0.01
+    object_weight: float = 0.0  # k in the loss weight 1 + k·(object cover of the latent cell); 0 = plain MSE
 
 
 def build_dit(spec: DiTSpec, seed: int) -> CausalWanTransformer:
@@ -86,9 +87,21 @@ class CaptionBank:
         return self.embeds[[self.index[c] for c in captions]]
 
 
+def object_weight_map(scenes: list[Scene], k: float, cell: int = 8) -> torch.Tensor:
+    """``[B, 1, 9, h, w]`` loss weights 1 + k·cover on the latent grid: a cell's cover is the object's mean pixel
+    cover over its ``cell``×``cell`` patch, the largest over the latent frame's pixel frames (frame 0 alone, then
+    frames 4i−3..4i), so the object — a tenth of the pixels — is not drowned in the background's loss."""
+    cover = torch.stack([object_cover(s) for s in scenes])  # [B, 33, H, W]
+    cells = torch.nn.functional.avg_pool2d(cover, cell)  # [B, 33, h, w]
+    groups = [cells[:, :1]] + [cells[:, i:i + 4] for i in range(1, cells.shape[1], 4)]
+    latent = torch.stack([g.amax(dim=1) for g in groups], dim=1)  # [B, 9, h, w]
+    return (1 + k * latent).unsqueeze(1)
+
+
 def flow_loss(model: CausalWanTransformer, x0: torch.Tensor, embeds: torch.Tensor, context: int,
-              gen: torch.Generator) -> torch.Tensor:
-    """The flow-matching loss on block ``context`` of ``x0 [B,16,F,h,w]`` after ``context`` clean blocks."""
+              gen: torch.Generator, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The flow-matching loss on block ``context`` of ``x0 [B,16,F,h,w]`` after ``context`` clean blocks; with
+    ``weight [B,1,F,h,w]`` (:func:`object_weight_map`) a weighted mean, normalised by the block's mean weight."""
     b = x0.shape[0]
     lo, hi = 3 * context, 3 * context + 3
     x0 = x0[:, :, :hi]
@@ -100,7 +113,11 @@ def flow_loss(model: CausalWanTransformer, x0: torch.Tensor, embeds: torch.Tenso
     t = torch.zeros(b, hi)
     t[:, lo:] = (sigma * 1000).view(b, 1)
     v = model.forward_train(x, t, model.cross_attention(embeds))
-    return torch.nn.functional.mse_loss(v[:, :, lo:hi].float(), eps - x0[:, :, lo:hi])
+    if weight is None:
+        return torch.nn.functional.mse_loss(v[:, :, lo:hi].float(), eps - x0[:, :, lo:hi])
+    w = weight[:, :, lo:hi]
+    err = (v[:, :, lo:hi].float() - (eps - x0[:, :, lo:hi])).square()
+    return (err * w).mean() / w.mean()
 
 
 def _lr(step: int, s: DiTTrainSettings) -> float:
@@ -148,7 +165,8 @@ def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVA
         x0 = encode_clips(vae, clips)
         for g in opt.param_groups:
             g["lr"] = _lr(step, settings)
-        loss = flow_loss(model, x0, bank([s.caption for s in scenes]), _context_blocks(gen), gen)
+        weight = object_weight_map(scenes, settings.object_weight) if settings.object_weight else None
+        loss = flow_loss(model, x0, bank([s.caption for s in scenes]), _context_blocks(gen), gen, weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

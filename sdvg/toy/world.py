@@ -174,16 +174,20 @@ def _distance(shape: str, u: torch.Tensor, v: torch.Tensor, r: float) -> torch.T
     return torch.maximum(a, -v - rr / 2.0)
 
 
-def render(scene: Scene, frames: int = CLIP_FRAMES, *, size: int = SIZE, start: int = 0) -> torch.Tensor:
-    """``[frames, size, size, 3]`` float32 in [0, 1]: frames ``start..start+frames`` of the scene."""
-    if frames < 1 or size < 8:
-        raise ConfigError(f"render needs at least one frame and 8 pixels, got {frames} frames at {size}.")
+def object_cover(scene: Scene, frames: int = CLIP_FRAMES, *, size: int = SIZE, start: int = 0) -> torch.Tensor:
+    """``[frames, size, size]`` in [0, 1]: how much of each pixel the object covers (one-pixel anti-aliased edge)."""
     c = centres(scene, frames, start).to(torch.float32)
     grid = (torch.arange(size, dtype=torch.float32) + 0.5) / size
     u = grid.view(1, 1, size) - c[:, 0].view(-1, 1, 1)
     v = grid.view(1, size, 1) - c[:, 1].view(-1, 1, 1)
-    d = _distance(scene.shape, u, v, scene.radius)
-    cover = (0.5 - d * size).clamp(0.0, 1.0).unsqueeze(-1)  # one-pixel anti-aliased edge
+    return (0.5 - _distance(scene.shape, u, v, scene.radius) * size).clamp(0.0, 1.0)
+
+
+def render(scene: Scene, frames: int = CLIP_FRAMES, *, size: int = SIZE, start: int = 0) -> torch.Tensor:
+    """``[frames, size, size, 3]`` float32 in [0, 1]: frames ``start..start+frames`` of the scene."""
+    if frames < 1 or size < 8:
+        raise ConfigError(f"render needs at least one frame and 8 pixels, got {frames} frames at {size}.")
+    cover = object_cover(scene, frames, size=size, start=start).unsqueeze(-1)
     bg = torch.tensor(BACKGROUNDS[scene.background]).view(1, 1, 1, 3)
     fg = torch.tensor(OBJECT_COLOURS[scene.colour]).view(1, 1, 1, 3)
     return (bg * (1 - cover) + fg * cover).contiguous()
