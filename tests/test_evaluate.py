@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from collections import Counter
 
 import pytest
@@ -82,6 +83,14 @@ def test_eval_cli_on_the_tiny_preset_without_videos(tiny_dir, tmp_path, capsys):
     assert keys(rows) == [("0", "target-only", ""), ("0", "sdvg", "-1")] and rows[0]["video"] == ""
     assert main(args) == 0
     assert len(read_rows(out / ev.RESULTS)) == 2
+    settings = json.loads((out / ev.SETTINGS).read_text(encoding="utf-8"))
+    assert settings["models"]["models_dir"] == str(tiny_dir) and settings["sampler"]["num_blocks"] == 2
+    capsys.readouterr()
+    changed = [a if a != "2" else "3" for a in args]  # --blocks 3 into the same --out: exit 2, nothing loads
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert "sampler.num_blocks: 2 there, 3 now" in err and "new --out" in err
+    assert len(read_rows(out / ev.RESULTS)) == 2
 
 
 def test_metric_hook_discovers_columns_and_refuses_a_changed_set(tiny_models, tmp_path):
@@ -103,6 +112,16 @@ def test_metric_hook_discovers_columns_and_refuses_a_changed_set(tiny_models, tm
     with pytest.raises(ConfigError, match="not in"):
         ev.evaluate(tiny_models, PROMPTS, out, taus=(), methods=("target-only",), sampler_config=CONFIG,
                     metrics=[("y", other)], save_videos=False, warmup=False)
+    # the first run's settings are recorded; a resume with others would mix rows into one summary: refused
+    settings = json.loads((out / ev.SETTINGS).read_text(encoding="utf-8"))
+    assert settings["sampler"]["num_blocks"] == 2 and settings["score_frames"] == 0
+    with pytest.raises(ConfigError, match=r"sampler\.num_blocks: 2 there, 3 now"):
+        ev.evaluate(tiny_models, PROMPTS, out, taus=(), methods=("target-only",), metrics=[("x", brightness)],
+                    sampler_config=SamplerConfig(num_blocks=3, width=64, height=64), save_videos=False, warmup=False)
+    with pytest.raises(ConfigError, match="score_frames: 0 there, 1 now"):
+        ev.evaluate(tiny_models, PROMPTS, out, taus=(), methods=("target-only",), sampler_config=CONFIG,
+                    metrics=[("x", brightness)], save_videos=False, warmup=False, score_frames=1)
+    assert len(read_rows(out / ev.RESULTS)) == 1
 
 
 def test_load_metric_and_inputs():

@@ -282,6 +282,13 @@ def load_kwargs(source: ModelSource, args, *, need: tuple[str, ...]) -> dict:
             "pt_weights": compat_from_args(args).pt_weights}
 
 
+def provenance(source: ModelSource, args) -> dict:
+    """What of the model choice changes an evaluation's numbers (files, tree, LoRAs, dtypes — not the devices: a
+    resume on another card is allowed), recorded with its settings."""
+    kw = load_kwargs(source, args, need=ROLES)
+    return {k: kw[k] for k in ("models_dir", *source.files, "loras", "dtype", "dtypes", "pt_weights")}
+
+
 def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
     from ..loaders import load_models
 

@@ -190,12 +190,14 @@ def cmd_eval(args) -> int:
         check_eval_args,
         check_out_dir,
         check_plan,
+        check_run_settings,
         evaluate,
         format_paired,
         format_summary,
         load_metric,
         parse_taus,
         read_prompts,
+        run_settings,
     )
 
     def log(msg: str) -> None:
@@ -227,8 +229,12 @@ def cmd_eval(args) -> int:
     config = cli_args.sampler_config_from_args(args, source.preset, default_blocks=blocks,
                                                drafter=source.drafter_sampling)
     score_frames = cli_args.score_frames_from_args(args, source.preset)
+    provenance = cli_args.provenance(source, args)
+    settings = run_settings(config, score_frames, world["rate_router"], provenance)
+    check_run_settings(check_out_dir(args.out), settings, write=False)  # a changed resume: refused before loading
     if args.ray:
-        return _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds, score_frames)
+        return _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds, score_frames,
+                            provenance, world["rate_router"])
     models = cli_args.load_from_source(source, args, need=cli_args.ROLES)
     dev = models.target_device
     set_cpu_threads(getattr(args, "threads", None), 1 if dev is not None and dev.type == "cpu" else None)
@@ -237,7 +243,7 @@ def cmd_eval(args) -> int:
         f"scoring {score_frames or 'every'} frame(s) a block")
     res = evaluate(models, prompts, args.out, taus=taus, methods=methods, sampler_config=config, metrics=metrics,
                    max_rows=args.max_rows, save_videos=not args.no_videos, log=log, rates=rates, seeds=seeds,
-                   rate_router=world["rate_router"], score_frames=score_frames)
+                   rate_router=world["rate_router"], score_frames=score_frames, provenance=provenance)
     sys.stdout.write(format_summary(res["summary"]) + "\n\n" + format_paired(res["paired"]) + "\n")  # CLI output
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")
@@ -262,7 +268,8 @@ def _rate_methods(methods: tuple[str, ...], rates: tuple[float, ...], args, log)
     return tuple(m for m in methods if m not in RATE_METHODS)
 
 
-def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None, score_frames: int = 0) -> int:
+def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None, score_frames: int = 0,
+                 provenance=None, rate_router=None) -> int:
     from ..eval import evaluate_ray, format_summary
 
     if args.ray_actors is not None and args.ray_actors < 1:
@@ -270,7 +277,8 @@ def _eval_on_ray(args, source, config, prompts, taus, methods, log, seeds=None, 
     load_kwargs = {**cli_args.load_kwargs(source, args, need=cli_args.ROLES), "threads": getattr(args, "threads", None)}
     res = evaluate_ray(args.ray, load_kwargs, prompts, args.out, taus=taus, methods=methods, sampler_config=config,
                        metric_specs=args.metric, actors=args.ray_actors, retries=args.ray_retries,
-                       save_videos=not args.no_videos, log=log, seeds=seeds, score_frames=score_frames)
+                       save_videos=not args.no_videos, log=log, seeds=seeds, score_frames=score_frames,
+                       rate_router=rate_router, provenance=provenance)
     sys.stdout.write(format_summary(res["summary"]) + "\n")  # CLI output of the command
     state = "complete" if res["complete"] else "incomplete (rerun the same command to continue)"
     log(f"{res['written']} row(s) written, {res['skipped']} already done; {state}. Results: {res['results']}")

@@ -55,11 +55,12 @@ def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence
                  taus: Sequence[float], methods: Sequence[str], sampler_config, metric_specs: Sequence[str] = (),
                  actors: int | None = None, retries: int = 2, save_videos: bool = True, warmup: bool = True,
                  log: Callable[[str], None] | None = None, seeds: Sequence[int] | None = None,
-                 score_frames: int = 0) -> dict:
+                 score_frames: int = 0, rate_router: Mapping[str, float] | None = None,
+                 provenance: Mapping[str, Any] | None = None) -> dict:
     """The Ray twin of :func:`sdvg.evaluate.evaluate` (same CSV, summary and plot). ``address``: "auto" (the
     cluster in ``RAY_ADDRESS``, else a local one) or a cluster address; ``load_kwargs``: ``load_models``'
     arguments, ``metric_specs``: ``--metric`` strings (each actor imports them); ``seeds``: one per prompt;
-    ``score_frames``: the reward rows' scored frames per block, as in ``evaluate``. The
+    ``score_frames``, ``rate_router`` (recorded only) and ``provenance``: as in ``evaluate``. The
     target-rate rows (sdvg-rate) are not run on Ray: their threshold pools the scores of one process's videos."""
     from . import run as ev
 
@@ -68,6 +69,7 @@ def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence
         raise ConfigError(f"retries must be >= 0, got {retries}.")
     ev.check_score_frames(score_frames)
     out = ev.check_out_dir(out_dir)
+    ev.check_run_settings(out, ev.run_settings(sampler_config, score_frames, rate_router, provenance))
     metrics = [ev.load_metric(m) for m in metric_specs]  # a bad --metric fails here, before the cluster starts
     results = ev.ResultsFile(out / ev.RESULTS, ev._declared_names(metrics))
     plan = ev.plan_rows(len(prompts), taus, methods)

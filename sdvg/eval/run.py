@@ -33,7 +33,9 @@ modules named explicitly on the command line are imported. ``sdvg.eval.run:tempo
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib
+import json
 import logging
 import math
 import os
@@ -58,6 +60,7 @@ DEFAULT_TAUS = (-2.5, -1.5, -0.7, -0.2)
 RESULTS = "results.csv"
 SUMMARY = "summary.csv"
 PARETO = "pareto.png"
+SETTINGS = "eval_settings.json"
 BASE_COLUMNS = (
     "prompt_id", "method", "tau", "prompt", "seed", "blocks", "wall_s", "speedup", "acceptance", "accepted",
     "drafted", "pattern", "ir_mean", "ir_min", "ir_retention", "ir_delta", "router_seed", "video", "real_tmacs",
@@ -148,6 +151,47 @@ def check_out_dir(out_dir: str | Path) -> Path:
         raise ConfigError(f"--out: {problem} eval writes {RESULTS}, {SUMMARY}, {PARETO} and videos/ into a folder: "
                           "pass a new or existing folder you can write to (e.g. --out eval-runs/first).")
     return out
+
+
+def run_settings(config, score_frames: int = 0, rate_router: Mapping[str, float] | None = None,
+                 models: Mapping[str, Any] | None = None) -> dict:
+    """What decides a row's numbers besides its prompt, method and τ: the sampler config, the reward rows' scored
+    frames, the target-rate router's prior and (when the caller knows it) where the models came from — as JSON."""
+    settings = {"sampler": dataclasses.asdict(config), "score_frames": int(score_frames),
+                "rate_router": dict(rate_router or {}), "models": dict(models or {})}
+    return json.loads(json.dumps(settings, default=str, sort_keys=True))
+
+
+def check_run_settings(out: Path, settings: dict, *, write: bool = True) -> None:
+    """Refuse to resume ``out`` with other settings than its rows were made with (``eval_settings.json``, written
+    by the first run): rows with, say, a different ``score_frames`` would be mixed into one summary. A folder
+    without the file (new, or from before it existed) takes the run's settings; the models are compared only when
+    both runs recorded them (the CLI does). ``write=False`` checks only (the CLI, before loading the models)."""
+    path = out / SETTINGS
+    if not path.is_file():
+        if write:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            tmp.replace(path)
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--out: {path} is unreadable ({exc}); it records the settings of the rows in {out}. "
+                          "Pass a new --out, or delete the file to let this run's settings stand for them.") from exc
+    if not (old.get("models") and settings.get("models")):  # an API caller that did not say: models not compared
+        old, settings = {**old, "models": {}}, {**settings, "models": {}}
+    changed = _changed(old, settings)
+    if changed:
+        raise ConfigError(f"--out {out} holds rows made with other settings ({'; '.join(changed[:6])}). Rerun with "
+                          f"the settings in {path} to continue it, or pass a new --out.")
+
+
+def _changed(old: Any, new: Any, key: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(set(old) | set(new))
+                for c in _changed(old.get(k), new.get(k), f"{key}.{k}" if key else k)]
+    return [] if old == new else [f"{key}: {old!r} there, {new!r} now"]
 
 
 def parse_taus(text: str, flag: str = "--taus") -> tuple[float, ...]:
@@ -304,7 +348,7 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
              metrics: Sequence[tuple[str, Callable]] = (), max_rows: int | None = None, save_videos: bool = True,
              warmup: bool = True, log: Callable[[str], None] | None = None, rates: Sequence[float] = (),
              seeds: Sequence[int] | None = None, rate_router: Mapping[str, float] | None = None,
-             score_frames: int = 0) -> dict:
+             score_frames: int = 0, provenance: Mapping[str, Any] | None = None) -> dict:
     """Run (or resume) the evaluation; returns {"written": n, "skipped": n, "complete": bool, "summary": [...]}.
 
     ``rates``: the target acceptance rates of the sdvg-rate / random-rate rows (the router's target-rate threshold,
@@ -312,7 +356,9 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     prior, e.g. ``{"prior_mean": …, "prior_std": …}``). ``seeds``: one sampling seed per prompt (default: the
     sampler config's seed for all), so a (caption, seed) pair is one prompt id. ``score_frames``: the reward rows
     (sdvg, sdvg-rate, refine) score only that many frames spread over each block (0 = every frame; the router's
-    ``score_frames``)."""
+    ``score_frames``). ``provenance``: where the models came from (the CLI's files and tree), recorded with the
+    settings in ``eval_settings.json``: a rerun into the same folder with other settings is refused
+    (:func:`check_run_settings`)."""
     from ..sampling.sampler import SamplerConfig
 
     _check_inputs(models, prompts, taus, methods, max_rows, rates, score_frames)
@@ -321,8 +367,9 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     out = check_out_dir(out_dir)  # before any row runs
     for stale in (out / "videos").glob(".*.tmp.mp4") if (out / "videos").is_dir() else []:
         stale.unlink()
-    results = ResultsFile(out / RESULTS, _declared_names(metrics))
     config = sampler_config or SamplerConfig(num_blocks=3, width=64, height=64)
+    check_run_settings(out, run_settings(config, score_frames, rate_router, provenance))
+    results = ResultsFile(out / RESULTS, _declared_names(metrics))
     plan = plan_rows(len(prompts), taus, methods, rates)
     done = results.done()
     todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
