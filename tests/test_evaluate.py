@@ -11,6 +11,7 @@ import torch
 
 from sdvg.cli.commands import main
 from sdvg.errors import ConfigError
+from sdvg.eval import folder
 from sdvg.eval import run as ev
 from sdvg.sampling.sampler import SamplerConfig
 
@@ -83,7 +84,7 @@ def test_eval_cli_on_the_tiny_preset_without_videos(tiny_dir, tmp_path, capsys):
     assert keys(rows) == [("0", "target-only", ""), ("0", "sdvg", "-1")] and rows[0]["video"] == ""
     assert main(args) == 0
     assert len(read_rows(out / ev.RESULTS)) == 2
-    settings = json.loads((out / ev.SETTINGS).read_text(encoding="utf-8"))
+    settings = json.loads((out / folder.SETTINGS).read_text(encoding="utf-8"))
     assert settings["models"]["models_dir"] == str(tiny_dir) and settings["sampler"]["num_blocks"] == 2
     capsys.readouterr()
     changed = [a if a != "2" else "3" for a in args]  # --blocks 3 into the same --out: exit 2, nothing loads
@@ -113,7 +114,7 @@ def test_metric_hook_discovers_columns_and_refuses_a_changed_set(tiny_models, tm
         ev.evaluate(tiny_models, PROMPTS, out, taus=(), methods=("target-only",), sampler_config=CONFIG,
                     metrics=[("y", other)], save_videos=False, warmup=False)
     # the first run's settings are recorded; a resume with others would mix rows into one summary: refused
-    settings = json.loads((out / ev.SETTINGS).read_text(encoding="utf-8"))
+    settings = json.loads((out / folder.SETTINGS).read_text(encoding="utf-8"))
     assert settings["sampler"]["num_blocks"] == 2 and settings["score_frames"] == 0
     with pytest.raises(ConfigError, match=r"sampler\.num_blocks: 2 there, 3 now"):
         ev.evaluate(tiny_models, PROMPTS, out, taus=(), methods=("target-only",), metrics=[("x", brightness)],

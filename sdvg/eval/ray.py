@@ -62,19 +62,20 @@ def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence
     arguments, ``metric_specs``: ``--metric`` strings (each actor imports them); ``seeds``: one per prompt;
     ``score_frames``, ``rate_router`` (recorded only) and ``provenance``: as in ``evaluate``. The
     target-rate rows (sdvg-rate) are not run on Ray: their threshold pools the scores of one process's videos."""
+    from . import folder
     from . import run as ev
 
     ray = import_ray()
     if retries < 0:
         raise ConfigError(f"retries must be >= 0, got {retries}.")
     ev.check_score_frames(score_frames)
-    out = ev.check_out_dir(out_dir)
-    ev.check_run_settings(out, ev.run_settings(sampler_config, score_frames, rate_router, provenance))
+    out = folder.check_out_dir(out_dir)
+    folder.check_run_settings(out, folder.run_settings(sampler_config, score_frames, rate_router, provenance))
     metrics = [ev.load_metric(m) for m in metric_specs]  # a bad --metric fails here, before the cluster starts
-    results = ev.ResultsFile(out / ev.RESULTS, ev._declared_names(metrics))
+    results = folder.ResultsFile(out / folder.RESULTS, ev._declared_names(metrics))
     plan = ev.plan_rows(len(prompts), taus, methods)
     done = results.done()
-    todo = [r for r in plan if (str(r[0]), r[1], ev.tau_key(r[2])) not in done]
+    todo = [r for r in plan if (str(r[0]), r[1], folder.tau_key(r[2])) not in done]
     pids = list(dict.fromkeys(r[0] for r in todo))
     if not ray.is_initialized():
         ray.init(address=None if address == "auto" else address, ignore_reinit_error=True,
@@ -89,12 +90,12 @@ def evaluate_ray(address: str, load_kwargs: Mapping[str, Any], prompts: Sequence
             f"({gpus} GPU(s) in the cluster), {len(plan) - len(todo)} row(s) already done")
     dispatch = _Dispatch(ray, workers, prompts, todo, results, retries, log, seeds)
     dispatch.run(pids)
-    complete = results.done() >= {(str(p), m, ev.tau_key(t)) for p, m, t in plan}
+    complete = results.done() >= {(str(p), m, folder.tau_key(t)) for p, m, t in plan}
     summary = ev.summarize(results.rows)
-    ev.write_summary(summary, out / ev.SUMMARY)
-    ev.render_pareto(summary, out / ev.PARETO)
+    ev.write_summary(summary, out / folder.SUMMARY)
+    ev.render_pareto(summary, out / folder.PARETO)
     return {"written": dispatch.written, "skipped": len(plan) - len(todo), "complete": complete, "summary": summary,
-            "results": str(out / ev.RESULTS), "failed": dispatch.failed}
+            "results": str(out / folder.RESULTS), "failed": dispatch.failed}
 
 
 class _Dispatch:

@@ -7,6 +7,8 @@ Stages, in order (each one is skipped when its output exists, so a stopped run r
    (``text_encoders/sdvg_toy_umt5.safetensors``);
 3. ``target`` / ``drafter``: flow-matching training of the two causal DiTs (``dit_train.py``), exported as a Krea-style
    ``model.``-prefixed bf16 safetensors and a Self-Forcing ``.pt`` with ``generator`` and ``generator_ema``;
+   ``target_ft``: the target's fine-tune with the object-weighted loss (``target_finetune``), from the base target's
+   export (kept in the work folder) at step 0 with a fresh optimiser; its export is the tree's target;
 4. ``critic``: the ImageReward-format critic (``critic_train.py``);
 5. the stamp ``sdvg_toy.json`` with the command, seeds, steps and losses.
 
@@ -31,7 +33,7 @@ from .world import CLIP_FRAMES, all_captions, render_batch, v1_captions
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("vae", "text", "target", "drafter", "critic")
+STAGES = ("vae", "text", "target", "target_ft", "drafter", "critic")
 FILES = {
     "vae": "vae/sdvg_toy_patch_vae.safetensors",
     "text_encoder": "text_encoders/sdvg_toy_umt5.safetensors",
@@ -53,6 +55,10 @@ class ToyTrainConfig:
     drafter: DiTSpec = field(default_factory=lambda: DiTSpec(heads=2, head_dim=32, ffn=256, layers=2, patch=1))
     target_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=20000, batch=8, seed=11))
     drafter_train: DiTTrainSettings = field(default_factory=lambda: DiTTrainSettings(steps=2000, batch=8, seed=12))
+    # the object-weighted fine-tune (issue 24): the base target drew the right colour and background in 57 % of the
+    # held-out videos and shape/direction at chance; 2,500 steps at k = 4 raised its judge 0.384 → 0.632
+    target_finetune: DiTTrainSettings | None = field(default_factory=lambda: DiTTrainSettings(
+        steps=2500, batch=8, seed=21, lr=1e-4, warmup=100, object_weight=4.0))
     critic_steps: int = 2000
     critic_rank_weight: float = 1.0  # the contrast-caption ranking term (critic_train.py); 0 = regression only
 
@@ -60,11 +66,13 @@ class ToyTrainConfig:
         """The same config with every training stage cut to ``max_steps`` (smoke tests)."""
         if max_steps is None:
             return self
+        def cut(s: DiTTrainSettings | None) -> DiTTrainSettings | None:
+            return None if s is None else DiTTrainSettings(**{**asdict(s), "steps": max_steps, "save_every": max_steps,
+                                                              "warmup": min(s.warmup, max_steps)})
+
         cfg = ToyTrainConfig(**{**asdict(self), "target": self.target, "drafter": self.drafter})
-        cfg.target_train = DiTTrainSettings(**{**asdict(self.target_train), "steps": max_steps,
-                                               "save_every": max_steps, "warmup": min(self.target_train.warmup, max_steps)})
-        cfg.drafter_train = DiTTrainSettings(**{**asdict(self.drafter_train), "steps": max_steps,
-                                                "save_every": max_steps, "warmup": min(self.drafter_train.warmup, max_steps)})
+        cfg.target_train, cfg.drafter_train = cut(self.target_train), cut(self.drafter_train)
+        cfg.target_finetune = cut(self.target_finetune)
         cfg.critic_steps = max_steps
         cfg.vae_clips = min(self.vae_clips, 64)
         return cfg
@@ -92,7 +100,7 @@ def _text_bank(out: Path) -> CaptionBank:
     return CaptionBank(te.encode, all_captions())
 
 
-def _export_dit(role: str, model, spec: DiTSpec, path: Path, work: Path) -> None:
+def _export_dit(role: str, model, spec: DiTSpec, path: Path, work: Path, state: str | None = None) -> None:
     from ..fixtures.tiny import write_krea_safetensors, write_self_forcing_pt
     from ..loaders.checkpoint import torch_load
 
@@ -103,7 +111,7 @@ def _export_dit(role: str, model, spec: DiTSpec, path: Path, work: Path) -> None
         from ..models.dit import CausalWanTransformer
 
         raw = CausalWanTransformer(**spec.config())
-        raw.load_state_dict(torch_load(work / f"state_{role}.pt")["model"])
+        raw.load_state_dict(torch_load(work / f"state_{state or role}.pt")["model"])
         write_self_forcing_pt(path, original_state_dict(raw), ema, spec.heads)
 
 
@@ -122,26 +130,19 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
     paths = {k: out / v for k, v in FILES.items()}
     log: dict = {}  # the stages this run trains; the stamp keeps the others (another process may write them)
     for stage in STAGES:
-        if stage not in stages:
+        if stage not in stages or (stage == "target_ft" and cfg.target_finetune is None):
             continue
-        key = {"text": "text_encoder", "critic": "reward"}.get(stage, stage)
-        if paths[key].exists():
+        key = {"text": "text_encoder", "critic": "reward", "target_ft": "target"}.get(stage, stage)
+        dest = work / BASE_TARGET if stage == "target" and cfg.target_finetune is not None else paths[key]
+        if paths[key].exists() or dest.exists():
             continue
         t0 = time.perf_counter()
         if stage == "vae":
             _fit_vae(cfg, paths[key])
         elif stage == "text":
             _write_text(paths[key])
-        elif stage in ("target", "drafter"):
-            from ..loaders.vae_open import open_vae
-
-            spec = cfg.target if stage == "target" else cfg.drafter
-            settings = cfg.target_train if stage == "target" else cfg.drafter_train
-            model = train_dit(stage, spec, settings, open_vae(paths["vae"], device="cpu", dtype="fp32"),
-                              _text_bank(out), work, progress=progress,
-                              on_save=lambda m, step, st=stage, sp=spec: _checkpoint(st, m, sp, step, out, work),
-                              warm_start=_warm_start(warm_start, stage))
-            _export_dit(stage, model, spec, paths[key], work)
+        elif stage in ("target", "target_ft", "drafter"):
+            _train_dit_stage(stage, cfg, paths, dest, out, work, progress, warm_start)
         else:
             from .critic_train import train_critic
 
@@ -152,6 +153,33 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
     return paths
 
 
+def _train_dit_stage(stage: str, cfg: ToyTrainConfig, paths: dict[str, Path], dest: Path, out: Path, work: Path,
+                     progress: Callable[[dict], None] | None, warm_start: str | Path | None) -> None:
+    from ..loaders.vae_open import open_vae
+
+    role = "drafter" if stage == "drafter" else "target"  # the file format
+    spec = cfg.drafter if stage == "drafter" else cfg.target
+    settings = _settings(stage, cfg)
+    if stage == "target_ft":
+        base = work / BASE_TARGET
+        if not base.is_file():
+            raise ConfigError(f"The target fine-tune starts from the base target {base}, which is not there: run the "
+                              "target stage first (or copy a trained target there).")
+        start = (base, 0)
+    else:
+        start = _warm_start(warm_start, stage)
+    model = train_dit(stage, spec, settings, open_vae(paths["vae"], device="cpu", dtype="fp32"),
+                      _text_bank(out), work, progress=progress,
+                      on_save=lambda m, step: _checkpoint(stage, role, m, spec, step, out, work),
+                      warm_start=start)
+    _export_dit(role, model, spec, dest, work, state=stage)
+
+
+def _settings(stage: str, cfg: ToyTrainConfig) -> DiTTrainSettings:
+    return {"target": cfg.target_train, "target_ft": cfg.target_finetune, "drafter": cfg.drafter_train}[stage]
+
+
+BASE_TARGET = "target_base.safetensors"  # in the work folder: the target before its fine-tune
 CHECKPOINTS = "checkpoints"  # beside the models in the tree: the latest EMA export of a DiT still training
 
 
@@ -166,20 +194,23 @@ def _warm_start(folder: str | Path | None, role: str) -> tuple[Path, int] | None
     return path, int(json.loads(info.read_text(encoding="utf-8"))["step"])
 
 
-def _checkpoint(role: str, model, spec: DiTSpec, step: int, out: Path, work: Path) -> None:
+def _checkpoint(stage: str, role: str, model, spec: DiTSpec, step: int, out: Path, work: Path) -> None:
     """Export the EMA under ``<out>/checkpoints/`` (the file format of the finished model, bf16 for the target) with
-    its step and recent loss, so a run in progress can be evaluated and committed."""
+    its step and recent loss, so a run in progress can be evaluated and committed (``<stage>.json`` beside it; the
+    fine-tune's file is ``sdvg_toy_target_ft.safetensors``)."""
     from ..loaders.checkpoint import torch_load
 
     folder = out / CHECKPOINTS
-    path = folder / Path(FILES[role]).name
+    folder.mkdir(parents=True, exist_ok=True)
+    name = Path(FILES[role]).name
+    path = folder / (name if stage == role else name.replace(role, stage))
     tmp = path.with_name("partial-" + path.name)
-    _export_dit(role, model, spec, tmp, work)
+    _export_dit(role, model, spec, tmp, work, state=stage)
     tmp.replace(path)
-    losses = torch_load(work / f"state_{role}.pt")["losses"]
+    losses = torch_load(work / f"state_{stage}.pt")["losses"]
     tail = losses[-200:]
-    info = {"role": role, "step": step, "loss_mean_200": sum(tail) / max(1, len(tail)), "spec": asdict(spec)}
-    (folder / f"{role}.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    info = {"role": stage, "step": step, "loss_mean_200": sum(tail) / max(1, len(tail)), "spec": asdict(spec)}
+    (folder / f"{stage}.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
 def default_work_dir(out: Path) -> Path:
@@ -192,15 +223,15 @@ def default_work_dir(out: Path) -> Path:
 
 
 def _stage_info(stage: str, cfg: ToyTrainConfig, work: Path) -> dict:
-    if stage in ("target", "drafter"):
+    if stage in ("target", "target_ft", "drafter"):
         from ..loaders.checkpoint import torch_load
 
         st = torch_load(work / f"state_{stage}.pt")
         losses = st["losses"]
         tail = losses[-200:]
         return {"steps": st["step"], "final_loss_mean_200": sum(tail) / max(1, len(tail)),
-                "spec": asdict(cfg.target if stage == "target" else cfg.drafter),
-                "settings": asdict(cfg.target_train if stage == "target" else cfg.drafter_train)}
+                "spec": asdict(cfg.drafter if stage == "drafter" else cfg.target),
+                "settings": asdict(_settings(stage, cfg))}
     if stage == "critic":
         return {"steps": cfg.critic_steps}
     return {"seed": cfg.seed}
