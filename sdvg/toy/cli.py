@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from .preset import TOY_DIR
+from .preset import STAGES, TOY_DIR
 
 
 def add_parser(subparsers) -> None:
@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
     t.add_argument("--out", default=str(TOY_DIR), help=f"models tree to write (default {TOY_DIR}, the committed one)")
     t.add_argument("--work", default=None, help="training states (default: <out>_work beside it; for the committed "
                    "tree ~/.cache/sdvg/toy-train or $SDVG_CACHE_DIR/toy-train)")
-    t.add_argument("--stages", default=None, help="comma list of vae,text,target,drafter,critic (default: all)")
+    t.add_argument("--stages", default=None, help=f"comma list of {','.join(STAGES)} (default: all)")
     t.add_argument("--max-steps", type=int, default=None, help="cut every training stage to N steps (smoke runs)")
     t.add_argument("--threads", type=int, default=None, help="torch intra-op CPU threads")
     t.add_argument("--warm-start", default=None, help="a checkpoints folder (e.g. sdvg/toy/checkpoints): a DiT stage "
@@ -42,7 +42,7 @@ def _log(msg: str) -> None:
 
 def cmd_train(args) -> int:
     from ..devices import set_cpu_threads
-    from .train import STAGES, ToyTrainConfig, train_toy
+    from .train import ToyTrainConfig, train_toy
 
     stages = tuple(s.strip() for s in args.stages.split(",")) if args.stages else STAGES
     unknown = [s for s in stages if s not in STAGES]

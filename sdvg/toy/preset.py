@@ -16,6 +16,7 @@ from ..errors import ModelFileError
 
 TOY_DIR = Path(__file__).resolve().parent / "models"
 STAMP = "sdvg_toy.json"
+STAGES = ("vae", "text", "target", "target_ft", "drafter", "critic")  # `toy train`, in this order
 #: the flow-matching drafter `toy train` makes (trained like the target, smaller); the tree's default drafter is the
 #: one its stamp names (since issue 25 the Diagonal Distillation student)
 FLOW_DRAFTER_FILE = "diffusion_models/sdvg_toy_drafter.pt"

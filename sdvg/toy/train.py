@@ -28,12 +28,11 @@ import torch
 
 from ..errors import ConfigError
 from .dit_train import CaptionBank, DiTSpec, DiTTrainSettings, original_state_dict, train_dit
-from .preset import FLOW_DRAFTER_FILE, STAMP, read_stamp
+from .preset import FLOW_DRAFTER_FILE, STAGES, STAMP, read_stamp
 from .world import CLIP_FRAMES, all_captions, render_batch, v1_captions
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("vae", "text", "target", "target_ft", "drafter", "critic")
 FILES = {
     "vae": "vae/sdvg_toy_patch_vae.safetensors",
     "text_encoder": "text_encoders/sdvg_toy_umt5.safetensors",
