@@ -405,3 +405,24 @@ def test_the_toy_pair_is_not_taken_for_swapped_files(caplog):
     with caplog.at_level("WARNING"):
         warn_if_drafter_larger(infos)
     assert "larger than the target" not in caplog.text
+
+
+def test_heldout_bench_pairs_a_dit_against_itself_to_exactly_zero(capsys):
+    """bench/toy_heldout.py --against: the same DiT on the same (caption, seed) pairs is the same video, so every
+    paired difference is exactly 0 and both summaries agree (the comparison runs both models on one noise)."""
+    import importlib.util
+    from pathlib import Path
+
+    from sdvg.toy import TOY_DIR
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "toy_heldout.py"
+    spec = importlib.util.spec_from_file_location("toy_heldout", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    dit = str(TOY_DIR / "diffusion_models" / "sdvg_toy_target.safetensors")
+    assert mod.main(["--dit", dit, "--against", dit, "--captions", "1", "--seeds", "0"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in report["against"].items() if k != "dit"} == \
+        {k: report[k] for k in report["paired_difference"]}
+    assert all(v == [0.0, 0.0, 0.0] for v in report["paired_difference"].values())
+    assert 0.0 <= report["judge"][0] <= 1.0
