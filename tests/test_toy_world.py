@@ -303,6 +303,12 @@ def test_the_object_weighted_flow_loss_weighs_the_object_cells_and_reduces_to_th
     pixels = render(scenes[0])
     assert torch.equal(pixels[cover == 1][:, 0], torch.full_like(pixels[cover == 1][:, 0], pixels[cover == 1][0, 0]))
     assert (w > 1).any() and (w == 1).float().mean() > 0.5  # the object is a small part of the frame
+    # the edge term: 0 in cells wholly outside or inside, its full weight where the outline halves a cell
+    edged = object_weight_map(scenes, 0.0, edge=2.0)
+    c = (w - 1) / 4.0
+    torch.testing.assert_close(edged, 1 + 8.0 * c * (1 - c))
+    assert torch.equal(edged[c == 0], torch.ones_like(edged[c == 0]))
+    assert float(edged.max()) <= 3.0 and float(edged.max()) > 2.5
 
     torch.manual_seed(0)
     model = CausalWanTransformer(**DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=1).config()).float()
