@@ -432,3 +432,29 @@ def test_heldout_bench_pairs_a_dit_against_itself_to_exactly_zero(capsys):
         {k: report[k] for k in report["paired_difference"]}
     assert all(v == [0.0, 0.0, 0.0] for v in report["paired_difference"].values())
     assert 0.0 <= report["judge"][0] <= 1.0
+
+
+def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path):
+    """bench/toy_finetune_target.py: from the committed target, 2 steps of the object- and edge-weighted loss give a
+    new target in a new tree (the base is not touched), and the stamp records the settings it ran with."""
+    import importlib.util
+    from pathlib import Path
+
+    from sdvg.loaders.wan import load_dit
+    from sdvg.toy import TOY_DIR
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "toy_finetune_target.py"
+    spec = importlib.util.spec_from_file_location("toy_finetune_target", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    base = TOY_DIR / "diffusion_models" / "sdvg_toy_target.safetensors"
+    before = base.read_bytes()
+    out = tmp_path / "ft"
+    assert mod.main(["--base", str(base), "--out", str(out), "--steps", "2", "--batch", "2", "--seed", "5",
+                     "--object-weight", "4", "--edge-weight", "2"]) == 0
+    assert base.read_bytes() == before
+    new = out / "diffusion_models" / "sdvg_toy_target.safetensors"
+    settings = json.loads((out / "sdvg_toy.json").read_text())["stages"]["target_ft"]["settings"]
+    assert (settings["steps"], settings["seed"], settings["object_weight"], settings["edge_weight"]) == (2, 5, 4.0, 2.0)
+    a, b = load_dit(base, dtype="fp32", device="cpu").state_dict(), load_dit(new, dtype="fp32", device="cpu").state_dict()
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
