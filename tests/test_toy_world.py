@@ -435,7 +435,7 @@ def test_heldout_bench_pairs_a_dit_against_itself_to_exactly_zero(capsys):
 
 
 def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path):
-    """bench/toy_finetune_target.py: from the committed target, 2 steps of the object- and edge-weighted loss give a
+    """bench/toy_finetune_target.py: from the committed target, 1 step of the object- and edge-weighted loss give a
     new target in a new tree (the base is not touched), and the stamp records the settings it ran with."""
     import importlib.util
     from pathlib import Path
@@ -450,11 +450,11 @@ def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path
     base = TOY_DIR / "diffusion_models" / "sdvg_toy_target.safetensors"
     before = base.read_bytes()
     out = tmp_path / "ft"
-    assert mod.main(["--base", str(base), "--out", str(out), "--steps", "2", "--batch", "2", "--seed", "5",
+    assert mod.main(["--base", str(base), "--out", str(out), "--steps", "1", "--batch", "1", "--seed", "5",
                      "--object-weight", "4", "--edge-weight", "2"]) == 0
     assert base.read_bytes() == before
     new = out / "diffusion_models" / "sdvg_toy_target.safetensors"
     settings = json.loads((out / "sdvg_toy.json").read_text())["stages"]["target_ft"]["settings"]
-    assert (settings["steps"], settings["seed"], settings["object_weight"], settings["edge_weight"]) == (2, 5, 4.0, 2.0)
+    assert (settings["steps"], settings["seed"], settings["object_weight"], settings["edge_weight"]) == (1, 5, 4.0, 2.0)
     a, b = load_dit(base, dtype="fp32", device="cpu").state_dict(), load_dit(new, dtype="fp32", device="cpu").state_dict()
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
