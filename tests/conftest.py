@@ -26,6 +26,20 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def bench_script(repo_root):
+    """A loader of ``bench/<name>.py`` as a module (the scripts are not a package): ``bench_script("toy_heldout")``."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, repo_root / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     """The tiny models tree, written once per session through the real `make-tiny` code path."""
     from sdvg.fixtures.tiny import make_tiny

@@ -294,16 +294,10 @@ def test_real_size_model_builder_runs_the_bench_at_tiny_shapes():
     assert plan["kv_cache_bytes"]["target"]["recompute"] > 0
 
 
-def test_estimator_spread_script_on_a_synthetic_bursty_report(tmp_path, capsys):
+def test_estimator_spread_script_on_a_synthetic_bursty_report(tmp_path, capsys, bench_script):
     """bench/estimator_spread.py: with one burst per pass in a different segment, the segment minimum recovers the
     undisturbed walls exactly (efficiency 1 in every draw) while whole-run estimators cannot."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "estimator_spread.py"
-    spec = importlib.util.spec_from_file_location("estimator_spread", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("estimator_spread")
 
     def runs_of(segs, shift=0):  # one burst per pass, on a different segment each time, ×(1.5…2.5)
         out = []

@@ -413,18 +413,12 @@ def test_the_toy_pair_is_not_taken_for_swapped_files(caplog):
     assert "larger than the target" not in caplog.text
 
 
-def test_heldout_bench_pairs_a_dit_against_itself_to_exactly_zero(capsys):
+def test_heldout_bench_pairs_a_dit_against_itself_to_exactly_zero(capsys, bench_script):
     """bench/toy_heldout.py --against: the same DiT on the same (caption, seed) pairs is the same video, so every
     paired difference is exactly 0 and both summaries agree (the comparison runs both models on one noise)."""
-    import importlib.util
-    from pathlib import Path
-
     from sdvg.toy import TOY_DIR
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "toy_heldout.py"
-    spec = importlib.util.spec_from_file_location("toy_heldout", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("toy_heldout")
     dit = str(TOY_DIR / "diffusion_models" / "sdvg_toy_target.safetensors")
     assert mod.main(["--dit", dit, "--against", dit, "--captions", "1", "--seeds", "0"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -434,19 +428,13 @@ def test_heldout_bench_pairs_a_dit_against_itself_to_exactly_zero(capsys):
     assert 0.0 <= report["judge"][0] <= 1.0
 
 
-def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path):
-    """bench/toy_finetune_target.py: from the committed target, 1 step of the object- and edge-weighted loss give a
+def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path, bench_script):
+    """bench/toy_finetune_target.py: from the committed target, 1 step of the object- and edge-weighted loss gives a
     new target in a new tree (the base is not touched), and the stamp records the settings it ran with."""
-    import importlib.util
-    from pathlib import Path
-
     from sdvg.loaders.wan import load_dit
     from sdvg.toy import TOY_DIR
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "toy_finetune_target.py"
-    spec = importlib.util.spec_from_file_location("toy_finetune_target", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("toy_finetune_target")
     base = TOY_DIR / "diffusion_models" / "sdvg_toy_target.safetensors"
     before = base.read_bytes()
     out = tmp_path / "ft"

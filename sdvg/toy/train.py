@@ -207,9 +207,14 @@ def _checkpoint(stage: str, role: str, model, spec: DiTSpec, step: int, out: Pat
     _export_dit(role, model, spec, tmp, work, state=stage)
     tmp.replace(path)
     losses = torch_load(work / f"state_{stage}.pt")["losses"]
-    tail = losses[-200:]
-    info = {"role": stage, "step": step, "loss_mean_200": sum(tail) / max(1, len(tail)), "spec": asdict(spec)}
+    info = {"role": stage, "step": step, "loss_mean_200": _recent_loss(losses), "spec": asdict(spec)}
     (folder / f"{stage}.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def _recent_loss(losses: list[float]) -> float:
+    """The mean of the last 200 steps' losses (what the stamp and a checkpoint's json report)."""
+    tail = losses[-200:]
+    return sum(tail) / max(1, len(tail))
 
 
 def default_work_dir(out: Path) -> Path:
@@ -226,9 +231,7 @@ def _stage_info(stage: str, cfg: ToyTrainConfig, work: Path) -> dict:
         from ..loaders.checkpoint import torch_load
 
         st = torch_load(work / f"state_{stage}.pt")
-        losses = st["losses"]
-        tail = losses[-200:]
-        return {"steps": st["step"], "final_loss_mean_200": sum(tail) / max(1, len(tail)),
+        return {"steps": st["step"], "final_loss_mean_200": _recent_loss(st["losses"]),
                 "spec": asdict(cfg.drafter if stage == "drafter" else cfg.target),
                 "settings": asdict(_settings(stage, cfg))}
     if stage == "critic":
