@@ -84,7 +84,7 @@ def evaluate(student: Path, seeds: list[int], caps: list[str] | None = None) -> 
 
 
 def teacher_row(out: Path, seeds: list[int]) -> dict:
-    path = out / f"teacher_{_captions['set']}_{'_'.join(map(str, seeds))}.json"
+    path = out / f"teacher_{_captions['set']}_{'_'.join(map(str, seeds))}_recompute.json"  # the sampler's cache
     if path.is_file():
         return json.loads(path.read_text())
     sys.path.insert(0, str(REPO / "bench"))
@@ -101,9 +101,10 @@ FINAL_SEEDS = [9001, 9002]  # held out from the quick check too (which picked no
 
 
 def final(out: Path, student: Path, seeds: list[int]) -> dict:
-    """The student, the undistilled teacher weights on the student's schedule and the teacher (10 ODE steps) on every
-    toy caption × ``seeds``, each with its agreement with the teacher's video from the same seed, and the student's
-    judge as a fraction of the teacher's with a paired bootstrap interval (pairs resampled together)."""
+    """The student (on its training cache, and on the recompute cache the eval and SDVG run it with), the undistilled
+    teacher weights on the student's schedule and the teacher (10 ODE steps, recompute cache) on every toy caption ×
+    ``seeds``, each with its agreement with the teacher's video from the same seed, and each student's judge as a
+    fraction of the teacher's with a paired bootstrap interval (pairs resampled together)."""
     sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
@@ -112,12 +113,14 @@ def final(out: Path, student: Path, seeds: list[int]) -> dict:
     from sdvg.train.measure import Sampling, measure
 
     teacher = Sampling("teacher (toy target, 10 ODE steps)", None)
-    students = [Sampling("student (diagonal 4-3-2, fresh noise)", str(student)),
+    students = [Sampling("student (diagonal 4-3-2, fresh noise, noisy cache as trained)", str(student)),
+                Sampling("student (diagonal 4-3-2, fresh noise, recompute cache as SDVG runs it)", str(student),
+                         cache="recompute"),
                 Sampling("teacher weights on the student's schedule (undistilled)", str(toy_files()["target"]))]
     rows = [measure(_models, s, captions("eval"), seeds, reference=teacher) for s in students]
     rows.append(measure(_models, teacher, captions("eval"), seeds))
     t = rows[-1]["accuracies"]
-    for row in rows[:2]:
+    for row in rows[:-1]:
         pairs = list(zip(row["accuracies"], t, strict=True))
         ratio = lambda ps: sum(a for a, _ in ps) / max(1e-9, sum(b for _, b in ps))  # noqa: E731
         row["ratio"], (row["ratio_lo"], row["ratio_hi"]) = ratio(pairs), bootstrap_ci(pairs, ratio)

@@ -2,7 +2,10 @@
 prompts × seeds), motion amplitude, per-forward cost, and quality by block index on long rollouts.
 
 A student is sampled the way it was trained: its schedule (diagonal or constant), fresh noise between steps, and the
-cache it was trained with (``noisy`` regime for diagonal forcing, ``global`` = clean pass for the clean cache).
+cache it was trained with (``noisy`` regime for diagonal forcing, ``global`` = clean pass for the clean cache). The
+toy target (the teacher) is sampled the way the sampler runs it by default, with the ``recompute`` cache: under the
+students' noisy cache it scores 0.323 [0.247, 0.406] on the 72 held-out captions × seed 9000, against 0.715
+[0.653, 0.774] with recompute, so a teacher row on the noisy cache would flatter every student.
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ class Sampling:
     drafter: str | None  # None: the toy target itself (target-only)
     schedule: str | list = "diagonal"
     step_noise: str = "fresh"
-    cache: str = "noisy"  # the training cache: noisy | clean (sampled with the global regime's clean pass)
+    #: noisy (diagonal forcing's) | clean (the global regime's clean pass) | recompute (the sampler's default);
+    #: None: as the model is run, noisy for a student and recompute for the toy target
+    cache: str | None = None
     extra: dict = field(default_factory=dict)
 
     def cache_config(self, num_blocks: int) -> CacheConfig:
-        if self.cache == "clean":
+        cache = self.cache or ("recompute" if self.drafter is None else "noisy")
+        if cache == "clean":
             return CacheConfig(regime="global")
+        if cache == "recompute":
+            return CacheConfig()
         return CacheConfig(regime="noisy", **(LONG_WINDOW if num_blocks * 3 > 9 else {}))
 
 
