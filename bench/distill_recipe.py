@@ -74,13 +74,18 @@ def dmd_config(args, student: Path) -> dict:
 
 
 def evaluate(student: Path, seeds: list[int], caps: list[str] | None = None) -> dict:
+    """The quick check of ``student``: on its training (noisy) cache, and its judge on the recompute cache the eval
+    and SDVG run a drafter with (``judge_recompute``, with its interval)."""
     sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
     from sdvg.train.measure import Sampling, measure
 
     _models.cache_clear()
-    return measure(_models, Sampling("student", str(student)), caps or captions("eval"), seeds)
+    caps = caps or captions("eval")
+    row = measure(_models, Sampling("student", str(student)), caps, seeds)
+    sdvg = measure(_models, Sampling("student", str(student), cache="recompute"), caps, seeds)
+    return {**row, **{f"{k}_recompute": sdvg[k] for k in ("judge", "judge_lo", "judge_hi")}}
 
 
 def teacher_row(out: Path, seeds: list[int]) -> dict:
@@ -212,7 +217,11 @@ def plot(out: Path) -> Path:
     return chart.save(out / "losses.png")
 
 
-def stage(name: str, cfg: dict, out: Path, max_steps: int, chunk: int, goal: float | None) -> Path:
+def stage(name: str, cfg: dict, out: Path, max_steps: int, chunk: int, goal: float | None,
+          keep: Path | None = None) -> Path:
+    """Train stage ``name`` in chunks to ``max_steps`` (resuming from its ``state.pt``), quick-checking after each;
+    ``keep``: export the EMA there after each chunk too (bf16, committable: a later sitting without the state
+    warm-starts from it with ``--dmd-init``)."""
     from sdvg.train import load_config, train_diagonal
 
     d = out / name
@@ -233,6 +242,8 @@ def stage(name: str, cfg: dict, out: Path, max_steps: int, chunk: int, goal: flo
                **evaluate(res.student, QUICK_SEEDS)}
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if keep is not None:
+            export(res.student, keep)
         logging.info("%s", json.dumps(row))
         if goal is not None and row["judge"] >= goal:
             logging.info("%s reached the goal %.3f at step %d", name, goal, done)
@@ -261,6 +272,8 @@ def main() -> None:
     ap.add_argument("--provenance", default="{}", help="--install: JSON of how the student was made (command, seeds, "
                     "steps, measured ratio)")
     ap.add_argument("--final", help="measure this student.pt on the final held-out pairs (final.json) and exit")
+    ap.add_argument("--keep", type=Path, help="after each chunk, export the EMA student (bf16) to this path: commit it "
+                    "so that a sitting that loses the run's state resumes with --dmd-init KEEP")
     ap.add_argument("--captions", choices=sorted(CAPTION_SETS), default="heldout", help="heldout (default): train on "
                     "the world's training captions, judge its held-out ones; v1: the first world's 72 captions for "
                     "both, held out by seed (the first-world toy target's protocol)")
@@ -295,10 +308,11 @@ def main() -> None:
     if args.dmd_init == "teacher":
         from sdvg.toy.preset import toy_files
 
-        stage("dmd-from-teacher", dmd_config(args, toy_files()["target"]), out, args.dmd_steps, args.chunk, None)
+        stage("dmd-from-teacher", dmd_config(args, toy_files()["target"]), out, args.dmd_steps, args.chunk, None,
+              args.keep)
         return
     if args.dmd_init != "ode":
-        stage("dmd-warm", dmd_config(args, Path(args.dmd_init)), out, args.dmd_steps, args.chunk, None)
+        stage("dmd-warm", dmd_config(args, Path(args.dmd_init)), out, args.dmd_steps, args.chunk, None, args.keep)
         return
     student = stage("ode", ode_config(args), out, args.ode_steps, args.chunk, goal)
     if not args.skip_dmd:
@@ -306,7 +320,7 @@ def main() -> None:
         link.parent.mkdir(parents=True, exist_ok=True)
         if pairs.is_file() and not link.exists():
             link.symlink_to(pairs.resolve())  # the same teacher pairs (their key matches), made once
-        stage("dmd", dmd_config(args, student), out, args.dmd_steps, args.chunk, None)
+        stage("dmd", dmd_config(args, student), out, args.dmd_steps, args.chunk, None, args.keep)
 
 
 if __name__ == "__main__":
