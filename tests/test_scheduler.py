@@ -8,10 +8,13 @@ import pytest
 import torch
 
 from sdvg.errors import ConfigError
+from sdvg.sampling import config as config_module
+from sdvg.sampling.config import SamplerConfig
 from sdvg.sampling.scheduler import (
     FlowMatchScheduler,
     block_seed,
     build_step_schedule,
+    distinct_step_lists,
     renoise,
     sample_block_noise,
     to_x0,
@@ -86,6 +89,23 @@ def test_validation(sched, spec):
 def test_num_blocks_validated(sched):
     with pytest.raises(ConfigError):
         build_step_schedule("constant", 0, sched)
+
+
+def test_the_checks_read_each_distinct_list_once_whatever_the_block_count(sched, monkeypatch):
+    """validate() checks the schedule from its distinct lists: a 10-million-block run is refused for its size at
+    once, not after building ten million lists; expanded, they are build_step_schedule's rows."""
+    for spec in ("diagonal", "constant", "[[1000, 500], [900]]"):
+        lists = distinct_step_lists(spec, 10_000_000, sched)
+        assert len(lists) <= 3
+        rows = build_step_schedule(spec, 6, sched)
+        assert rows == [lists[min(b, len(lists) - 1)] for b in range(6)]
+    with pytest.raises(ConfigError, match="per-block lists"):
+        distinct_step_lists([[1000], [900], [800]], 2, sched)
+    def expand(*_a):
+        raise AssertionError("validate() expanded the per-block schedule")
+
+    monkeypatch.setattr(config_module, "build_step_schedule", expand)  # ~20 s at 10 million blocks, before
+    SamplerConfig(num_blocks=10_000_000, width=64, height=64, keep_output=False).validate()
 
 
 def test_noise_determinism_and_independence():

@@ -13,13 +13,22 @@ import sys
 import pytest
 
 from sdvg.loaders.checkpoint import torch_load
-from sdvg.toy.preset import FLOW_DRAFTER_FILE, TOY_DIR
+from sdvg.toy.preset import FLOW_DRAFTER_FILE, TOY_DIR, toy_files
 from sdvg.train import load_config, train_diagonal
 
 # a fast toy run: the small flow-matching drafter as student, teacher and fake score (the defaults, the toy
 # target's weights, are several times the work), 2 videos a step, no ODE pairs
 _SMALL = str(TOY_DIR / FLOW_DRAFTER_FILE)
 FAST = {"batch": 2, "regression_weight": 0.0, "gen_every": 1, "student_init": _SMALL, "teacher": _SMALL}
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory) -> dict:
+    """FAST on 4 captions instead of the toy bank's 144 (each run encodes its bank at start: ~4 s for the bank)."""
+    prompts = tmp_path_factory.mktemp("prompts") / "p.txt"
+    prompts.write_text("\n".join(f"a {c} circle moving {d} on a black background" for c in ("red", "blue")
+                                 for d in ("left", "right")) + "\n")
+    return {**FAST, "data": str(prompts), "text_encoder": str(toy_files()["text_encoder"])}
 
 BAD = [
     ({"lr": -1}, "lr must be > 0, got -1"),
@@ -89,11 +98,11 @@ def _signal_after_first_step(p: subprocess.Popen, sig: int) -> tuple[int, str]:
     return p.returncode, "".join(seen) + rest
 
 
-def test_sigterm_and_ctrl_c_save_the_state_and_a_rerun_resumes_and_says_so(tmp_path):
+def test_sigterm_and_ctrl_c_save_the_state_and_a_rerun_resumes_and_says_so(tmp_path, fast):
     """SIGTERM mid-run: exit 143, state.pt holds the steps done (save_every is far away); the rerun says it resumes
     (no -v) and Ctrl-C then exits 130 with its steps saved; the last rerun finishes at the asked step."""
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({**FAST, "save_every": 1000, "save_every_minutes": 0}))
+    config.write_text(json.dumps({**fast, "save_every": 1000, "save_every_minutes": 0}))
     out = tmp_path / "run"
     rc, err = _signal_after_first_step(_start(out, 500, config), signal.SIGTERM)
     assert rc == 143, err
@@ -114,11 +123,11 @@ def test_sigterm_and_ctrl_c_save_the_state_and_a_rerun_resumes_and_says_so(tmp_p
 
 
 @pytest.mark.parametrize("minutes, saves", [(1e-9, [None, 1, 2, 3]), (0.0, [None, None, None, None])])
-def test_save_every_is_bounded_in_minutes_as_well_as_iterations(tmp_path, minutes, saves):
+def test_save_every_is_bounded_in_minutes_as_well_as_iterations(tmp_path, fast, minutes, saves):
     """With save_every far away, a (tiny) minute bound saves after every iteration and 0 turns it off: ``stop()``,
     asked after each iteration before its save, sees state.pt one iteration behind (or absent)."""
     out = tmp_path / "m"
-    cfg = load_config(None, **FAST, out=str(out), steps=4, save_every=1000, save_every_minutes=minutes)
+    cfg = load_config(None, **fast, out=str(out), steps=4, save_every=1000, save_every_minutes=minutes)
     seen = []
 
     def stop() -> bool:

@@ -11,7 +11,7 @@ from ..errors import ConfigError
 from ..memory import physical_memory_bytes
 from .compat import Compat
 from .regimes import CacheConfig
-from .scheduler import STEP_NOISES, FlowMatchScheduler, build_step_schedule, with_tail_step
+from .scheduler import STEP_NOISES, FlowMatchScheduler, build_step_schedule, distinct_step_lists, with_tail_step
 
 OUTPUT_DTYPES = ("float", "uint8")
 
@@ -66,10 +66,10 @@ class SamplerConfig:
         if self.refine_from_step is not None and self.drafter_schedule is not None:
             raise ConfigError("refine_from_step continues a draft on the target's schedule; it needs one schedule for "
                               "both models (leave drafter_schedule unset).")
-        self.step_schedule("drafter")
+        self.step_schedule("drafter", distinct=True)
         if self.output_dtype not in OUTPUT_DTYPES:
             raise ConfigError(f"output_dtype must be 'float' or 'uint8', got {self.output_dtype!r}.")
-        steps = max(len(row) for row in self.step_schedule())
+        steps = max(len(row) for row in self.step_schedule(distinct=True))
         if self.refine_from_step is not None and not 1 <= self.refine_from_step < steps:
             raise ConfigError(
                 f"refine_from_step must be between 1 and {steps - 1} (the schedule has {steps} steps; 0 or ≥ {steps} "
@@ -107,10 +107,13 @@ class SamplerConfig:
                 "or stream the frames to disk (keep_output=False; the CLI's --out does)."
             )
 
-    def step_schedule(self, role: str = "target") -> list[list[float]]:
-        """Each block's timesteps for ``role`` (the drafter's own list when ``drafter_schedule`` is set)."""
+    def step_schedule(self, role: str = "target", *, distinct: bool = False) -> list[list[float]]:
+        """Each block's timesteps for ``role`` (the drafter's own list when ``drafter_schedule`` is set);
+        ``distinct``: only the lists before the last one repeats (what checks need, in time independent of the
+        block count)."""
         spec = self.drafter_schedule if role == "drafter" and self.drafter_schedule is not None else self.schedule
-        rows = build_step_schedule(spec, self.num_blocks, FlowMatchScheduler())
+        build = distinct_step_lists if distinct else build_step_schedule
+        rows = build(spec, self.num_blocks, FlowMatchScheduler())
         return with_tail_step(rows) if self.compat.t0_tail_step else rows
 
     def step_noise_for(self, role: str) -> str:

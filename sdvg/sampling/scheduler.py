@@ -139,6 +139,13 @@ def build_step_schedule(spec, num_blocks: int, scheduler: FlowMatchScheduler) ->
     """Per-block timestep lists. ``spec``: "constant" | "diagonal" | "1000,750,500,250" (raw, warped)
     | JSON / list of lists (used as given after snapping; the last list repeats). A final 0 in a list is Krea's
     t = 0 tail step (``"1000,750,500,250,0"`` is Krea's 5-step schedule)."""
+    lists = distinct_step_lists(spec, num_blocks, scheduler)
+    return [list(lists[min(b, len(lists) - 1)]) for b in range(int(num_blocks))]
+
+
+def distinct_step_lists(spec, num_blocks: int, scheduler: FlowMatchScheduler) -> list[list[float]]:
+    """The lists of :func:`build_step_schedule` before the last one repeats for later blocks: every check, in time
+    that does not grow with ``num_blocks``."""
     if int(num_blocks) < 1:
         raise ConfigError(f"num_blocks must be >= 1, got {num_blocks}.")
     num_blocks = int(num_blocks)
@@ -155,7 +162,7 @@ def build_step_schedule(spec, num_blocks: int, scheduler: FlowMatchScheduler) ->
                 parsed = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"Step schedule {text!r} is not valid JSON: {exc.msg}.") from exc
-            return build_step_schedule(parsed, num_blocks, scheduler)
+            return distinct_step_lists(parsed, num_blocks, scheduler)
         elif text:
             raw = _validate_list(_parse_numbers(text), repr(text))
             lists = [scheduler.warp(raw)]
@@ -178,8 +185,7 @@ def build_step_schedule(spec, num_blocks: int, scheduler: FlowMatchScheduler) ->
             lists.append([scheduler.snap(v) for v in row])
     else:
         raise ConfigError(f"Unsupported step schedule {spec!r}; use a string or a list of lists.")
-    checked = [_validate_list(row, f"for block {b}") for b, row in enumerate(lists)]  # each list once, not per block
-    return [list(checked[min(b, len(checked) - 1)]) for b in range(num_blocks)]
+    return [_validate_list(row, f"for block {b}") for b, row in enumerate(lists)]  # each list once, not per block
 
 
 @dataclass

@@ -128,6 +128,13 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
     work.mkdir(parents=True, exist_ok=True)
     paths = {k: out / v for k, v in FILES.items()}
     log: dict = {}  # the stages this run trains; the stamp keeps the others (another process may write them)
+    banks: list[CaptionBank] = []  # the caption embeddings, encoded once for every DiT stage (after the text stage)
+
+    def bank() -> CaptionBank:
+        if not banks:
+            banks.append(_text_bank(out))
+        return banks[0]
+
     for stage in STAGES:
         if stage not in stages or (stage == "target_ft" and cfg.target_finetune is None):
             continue
@@ -141,7 +148,7 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
         elif stage == "text":
             _write_text(paths[key])
         elif stage in ("target", "target_ft", "drafter"):
-            _train_dit_stage(stage, cfg, paths, dest, out, work, progress, warm_start)
+            _train_dit_stage(stage, cfg, paths, dest, (out, work), bank(), progress, warm_start)
         else:
             from .critic_train import train_critic
 
@@ -152,9 +159,12 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
     return paths
 
 
-def _train_dit_stage(stage: str, cfg: ToyTrainConfig, paths: dict[str, Path], dest: Path, out: Path, work: Path,
-                     progress: Callable[[dict], None] | None, warm_start: str | Path | None) -> None:
+def _train_dit_stage(stage: str, cfg: ToyTrainConfig, paths: dict[str, Path], dest: Path, folders: tuple[Path, Path],
+                     bank: CaptionBank, progress: Callable[[dict], None] | None,
+                     warm_start: str | Path | None) -> None:
     from ..loaders.vae_open import open_vae
+
+    out, work = folders
 
     role = "drafter" if stage == "drafter" else "target"  # the file format
     spec = cfg.drafter if stage == "drafter" else cfg.target
@@ -168,7 +178,7 @@ def _train_dit_stage(stage: str, cfg: ToyTrainConfig, paths: dict[str, Path], de
     else:
         start = _warm_start(warm_start, stage)
     model = train_dit(stage, spec, settings, open_vae(paths["vae"], device="cpu", dtype="fp32"),
-                      _text_bank(out), work, progress=progress,
+                      bank, work, progress=progress,
                       on_save=lambda m, step: _checkpoint(stage, role, m, spec, step, out, work),
                       warm_start=start)
     _export_dit(role, model, spec, dest, work, state=stage)
