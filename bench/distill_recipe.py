@@ -107,7 +107,7 @@ FINAL_SEEDS = [9001, 9002]  # held out from the quick check too (which picked no
 
 def final(out: Path, student: Path, seeds: list[int]) -> dict:
     """The student (on its training cache, and on the recompute cache the eval and SDVG run it with), the undistilled
-    teacher weights on the student's schedule and the teacher (10 ODE steps, recompute cache) on every toy caption ×
+    teacher weights on the student's schedule (on both caches: what distillation adds) and the teacher (10 ODE steps, recompute cache) on every toy caption ×
     ``seeds``, each with its agreement with the teacher's video from the same seed, and each student's judge as a
     fraction of the teacher's with a paired bootstrap interval (pairs resampled together)."""
     sys.path.insert(0, str(REPO / "bench"))
@@ -121,7 +121,9 @@ def final(out: Path, student: Path, seeds: list[int]) -> dict:
     students = [Sampling("student (diagonal 4-3-2, fresh noise, noisy cache as trained)", str(student)),
                 Sampling("student (diagonal 4-3-2, fresh noise, recompute cache as SDVG runs it)", str(student),
                          cache="recompute"),
-                Sampling("teacher weights on the student's schedule (undistilled)", str(toy_files()["target"]))]
+                Sampling("teacher weights on the student's schedule (undistilled), noisy cache", str(toy_files()["target"])),
+                Sampling("teacher weights on the student's schedule (undistilled), recompute cache",
+                         str(toy_files()["target"]), cache="recompute")]
     rows = [measure(_models, s, captions("eval"), seeds, reference=teacher) for s in students]
     rows.append(measure(_models, teacher, captions("eval"), seeds))
     t = rows[-1]["accuracies"]
