@@ -3,6 +3,8 @@
     python bench/toy_heldout.py --dit out/toy_v2/checkpoints/sdvg_toy_target.safetensors --captions 24 --seeds 0
     python bench/toy_heldout.py --dit NEW.safetensors --against sdvg/toy/models/diffusion_models/sdvg_toy_target.safetensors \
         --captions 72 --seeds 0,1      # and the paired difference NEW − AGAINST by caption
+    python bench/toy_heldout.py --dit T --against T --step-noise fresh --against-step-noise predicted \
+        --captions 72 --seeds 9001,9002   # a sampler setting of one DiT, paired
 
 A quick check of a checkpoint while the target trains (the full measurement is ``sdvg eval --world toy``): it loads
 the VAE and text encoder of ``--models``, the given DiT in the target's role, samples each (held-out caption, seed)
@@ -31,6 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--captions", type=int, default=24, help="how many held-out captions (spread over all 72)")
     p.add_argument("--seeds", default="0", help="comma list of seeds")
     p.add_argument("--against", default=None, help="a second DiT: also report the paired difference dit − against")
+    p.add_argument("--step-noise", default=None, help="fresh | predicted (default: the toy world's, TOY_STEP_NOISE)")
+    p.add_argument("--against-step-noise", default=None, help="--against's step noise (default: --step-noise): the "
+                   "same DiT against itself measures a sampler setting, paired")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -39,19 +44,21 @@ def main(argv=None) -> int:
 
     caps = held_out_captions(a.captions)
     seeds = [int(s) for s in a.seeds.split(",")]
-    items = _per_caption(a.dit, a.models or TOY_DIR, caps, seeds)
-    report = {"dit": a.dit, "captions": len(caps), "seeds": a.seeds, **_summary(items)}
+    items = _per_caption(a.dit, a.models or TOY_DIR, caps, seeds, a.step_noise)
+    report = {"dit": a.dit, "captions": len(caps), "seeds": a.seeds, "step_noise": a.step_noise, **_summary(items)}
     if a.against:
-        base = _per_caption(a.against, a.models or TOY_DIR, caps, seeds)
-        report["against"] = {"dit": a.against, **_summary(base)}
+        noise = a.against_step_noise or a.step_noise
+        base = _per_caption(a.against, a.models or TOY_DIR, caps, seeds, noise)
+        report["against"] = {"dit": a.against, "step_noise": noise, **_summary(base)}
         diffs = [{k: it[k] - b[k] for k in it} for it, b in zip(items, base, strict=True)]
         report["paired_difference"] = _summary(diffs)
     sys.stdout.write(json.dumps(report) + "\n")
     return 0
 
 
-def _per_caption(dit: str, tree, caps: list[str], seeds: list[int]) -> list[dict]:
-    """The judge's metrics of each caption, its seeds averaged (target-only, the toy schedule)."""
+def _per_caption(dit: str, tree, caps: list[str], seeds: list[int], step_noise: str | None = None) -> list[dict]:
+    """The judge's metrics of each caption, its seeds averaged (target-only, the toy schedule, ``step_noise`` or the
+    toy's)."""
     from sdvg.loaders import load_models
     from sdvg.sampling.router import RouterConfig
     from sdvg.sampling.sampler import SpeculativeSampler
@@ -63,7 +70,7 @@ def _per_caption(dit: str, tree, caps: list[str], seeds: list[int]) -> list[dict
     items = []
     for c in caps:
         ms = [judge_metric(SpeculativeSampler(models, RouterConfig(mode="target-only"),
-                                              toy_sampler_config(seed=seed)).run(c).frames.float(), c)
+                                              toy_sampler_config(seed=seed, step_noise=step_noise)).run(c).frames.float(), c)
               for seed in seeds]
         items.append({k: sum(m[k] for m in ms) / len(ms) for k in ms[0]})
     return items

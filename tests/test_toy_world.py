@@ -423,10 +423,15 @@ def test_heldout_bench_pairs_a_dit_against_itself_to_exactly_zero(capsys, bench_
     dit = str(TOY_DIR / "diffusion_models" / "sdvg_toy_target.safetensors")
     assert mod.main(["--dit", dit, "--against", dit, "--captions", "1", "--seeds", "0"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert {k: v for k, v in report["against"].items() if k != "dit"} == \
+    assert {k: v for k, v in report["against"].items() if k not in ("dit", "step_noise")} == \
         {k: report[k] for k in report["paired_difference"]}
     assert all(v == [0.0, 0.0, 0.0] for v in report["paired_difference"].values())
     assert 0.0 <= report["judge"][0] <= 1.0
+    assert mod.main(["--dit", dit, "--against", dit, "--captions", "1", "--seeds", "0", "--step-noise", "fresh",
+                     "--against-step-noise", "predicted"]) == 0  # one DiT, two sampler settings: other videos
+    report = json.loads(capsys.readouterr().out)
+    assert (report["step_noise"], report["against"]["step_noise"]) == ("fresh", "predicted")
+    assert any(report[k] != report["against"][k] for k in report["paired_difference"])
 
 
 def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path, bench_script):

@@ -24,9 +24,9 @@ FLOW_DRAFTER_FILE = "diffusion_models/sdvg_toy_drafter.pt"
 #: flow model's x0 prediction is only sharp at low noise, so the last step is at t = 100.
 TOY_SCHEDULE = [[1000.0, 960.0, 900.0, 820.0, 720.0, 600.0, 460.0, 320.0, 200.0, 100.0]]
 #: How the toy target re-noises between its steps: fresh noise (Self-Forcing's), since 2026-12-07. The current
-#: target draws better with it than with Euler steps of the flow ODE ("predicted": judge 0.733 [0.705, 0.760] against
-#: 0.639 [0.595, 0.681], paired +0.094 [+0.050, +0.139] on 144 held-out pairs, seeds 9001 and 9002, chosen on seed
-#: 9000; docs/TOY_WORLD.md, "Fifth sitting"). The first world's target drew flat fields with fresh noise (its x0
+#: target draws better with it than with Euler steps of the flow ODE ("predicted"): judge 0.733 [0.700, 0.767]
+#: against 0.639 [0.595, 0.681], paired by caption +0.094 [+0.052, +0.135] on the 72 held-out captions × seeds 9001,
+#: 9002, chosen on seed 9000 (bench/toy_heldout.py --step-noise; docs/TOY_WORLD.md, "Fifth sitting"). The first world's target drew flat fields with fresh noise (its x0
 #: predictions stayed the blurry posterior mean); pass --step-noise predicted for such a model.
 TOY_STEP_NOISE = "fresh"
 TOY_SIZE = (64, 64)

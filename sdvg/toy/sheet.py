@@ -13,16 +13,18 @@ FRAME_STEP = 4
 LABEL_W = 250
 
 
-def toy_sampler_config(num_blocks: int | None = None, seed: int = 0, models_dir: str | Path = TOY_DIR):
-    """The toy models' sampling: their 10-step schedule with predicted step noise, the drafter on its own schedule
-    where the tree's stamp says it has one (:func:`~sdvg.toy.preset.toy_drafter_sampling`)."""
+def toy_sampler_config(num_blocks: int | None = None, seed: int = 0, models_dir: str | Path = TOY_DIR,
+                       step_noise: str | None = None):
+    """The toy models' sampling: their 10-step schedule with the toy step noise (``step_noise`` overrides it), the
+    drafter on its own schedule where the tree's stamp says it has one
+    (:func:`~sdvg.toy.preset.toy_drafter_sampling`)."""
     from ..sampling.config import SamplerConfig
     from .preset import TOY_BLOCKS, TOY_SCHEDULE, TOY_SIZE, TOY_STEP_NOISE, toy_drafter_sampling
 
     drafter = toy_drafter_sampling(models_dir)
     return SamplerConfig(num_blocks=num_blocks or TOY_BLOCKS, width=TOY_SIZE[0], height=TOY_SIZE[1], seed=seed,
-                         schedule=TOY_SCHEDULE, step_noise=TOY_STEP_NOISE, drafter_schedule=drafter.get("schedule"),
-                         drafter_step_noise=drafter.get("step_noise")).validate()
+                         schedule=TOY_SCHEDULE, step_noise=step_noise or TOY_STEP_NOISE,
+                         drafter_schedule=drafter.get("schedule"), drafter_step_noise=drafter.get("step_noise")).validate()
 
 
 def load_toy_models(models_dir: str | Path = TOY_DIR):
