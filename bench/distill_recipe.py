@@ -63,19 +63,36 @@ def ode_config(args) -> dict:
             "betas": [0.9, 0.999], "warmup": 50, "ema": 0.99, "save_every": args.chunk, "seed": 0}
 
 
+#: --variant: goal 3's ablations of the DMD stage (diagonal_study's variants: what each changes in the config)
+ABLATIONS = ("diagonal", "no-flow", "clean-cache", "constant")
+
+
+def variant_sampling(variant: str) -> dict:
+    """How a ``variant``'s student samples as it was trained (:class:`sdvg.train.measure.Sampling` keywords)."""
+    return {"clean-cache": {"cache": "clean"}, "constant": {"schedule": "constant"}}.get(variant, {})
+
+
 def dmd_config(args, student: Path) -> dict:
+    sys.path.insert(0, str(REPO / "bench"))
+    from diagonal_study import VARIANTS
+
     from sdvg.toy.preset import toy_files
 
+    return {**_dmd_base(args, student, toy_files()), **VARIANTS[getattr(args, "variant", "diagonal")]}
+
+
+def _dmd_base(args, student: Path, files: dict) -> dict:
     return {"student_init": str(student), "data": str(prompts_file(Path(args.out))),
-            "text_encoder": str(toy_files()["text_encoder"]), "dmd_weight": 1.0, "flow_weight": 0.2,
+            "text_encoder": str(files["text_encoder"]), "dmd_weight": 1.0, "flow_weight": 0.2,
             "regression_weight": args.dmd_regression, "ode_pairs": args.pairs, "batch": args.batch,
             "lr": args.dmd_lr, "lr_fake": args.fake_lr, "gen_every": 5, "betas": [0.0, 0.999], "warmup": 20,
             "ema": 0.99, "save_every": args.chunk, "seed": 0}
 
 
-def evaluate(student: Path, seeds: list[int], caps: list[str] | None = None) -> dict:
-    """The quick check of ``student``: on its training (noisy) cache, and its judge on the recompute cache the eval
-    and SDVG run a drafter with (``judge_recompute``, with its interval)."""
+def evaluate(student: Path, seeds: list[int], caps: list[str] | None = None, variant: str = "diagonal") -> dict:
+    """The quick check of ``student``: on its training cache (noisy; clean for the clean-cache ablation), and its
+    judge on the recompute cache the eval and SDVG run a drafter with (``judge_recompute``, with its interval), each on
+    the schedule it was trained on."""
     sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
@@ -83,8 +100,9 @@ def evaluate(student: Path, seeds: list[int], caps: list[str] | None = None) -> 
 
     _models.cache_clear()
     caps = caps or captions("eval")
-    row = measure(_models, Sampling("student", str(student)), caps, seeds)
-    sdvg = measure(_models, Sampling("student", str(student), cache="recompute"), caps, seeds)
+    how = variant_sampling(variant)
+    row = measure(_models, Sampling("student", str(student), **how), caps, seeds)
+    sdvg = measure(_models, Sampling("student", str(student), **{**how, "cache": "recompute"}), caps, seeds)
     return {**row, **{f"{k}_recompute": sdvg[k] for k in ("judge", "judge_lo", "judge_hi")}}
 
 
@@ -220,10 +238,10 @@ def plot(out: Path) -> Path:
 
 
 def stage(name: str, cfg: dict, out: Path, max_steps: int, chunk: int, goal: float | None,
-          keep: Path | None = None) -> Path:
+          keep: Path | None = None, variant: str = "diagonal") -> Path:
     """Train stage ``name`` in chunks to ``max_steps`` (resuming from its ``state.pt``), quick-checking after each;
     ``keep``: export the EMA there after each chunk too (bf16, committable: a later sitting without the state
-    warm-starts from it with ``--dmd-init``)."""
+    warm-starts from it with ``--dmd-init``), with ``<keep>.json`` beside it (the stage, the iteration, the check)."""
     from sdvg.train import load_config, train_diagonal
 
     d = out / name
@@ -241,11 +259,13 @@ def stage(name: str, cfg: dict, out: Path, max_steps: int, chunk: int, goal: flo
         res = train_diagonal(load_config(None, **{**cfg, "out": str(d), "steps": done}))
         tail = {k: sum(v for _, v in vals[-chunk:]) / len(vals[-chunk:]) for k, vals in res.losses.items() if vals}
         row = {"stage": name, "step": done, "train_s": round(time.time() - t0, 1), "loss": tail,
-               **evaluate(res.student, QUICK_SEEDS)}
+               **evaluate(res.student, QUICK_SEEDS, variant=variant)}
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if keep is not None:
             export(res.student, keep)
+            note = {k: v for k, v in row.items() if k != "accuracies"}
+            keep.with_suffix(".json").write_text(json.dumps({**note, "config": cfg}, indent=1) + "\n", encoding="utf-8")
         logging.info("%s", json.dumps(row))
         if goal is not None and row["judge"] >= goal:
             logging.info("%s reached the goal %.3f at step %d", name, goal, done)
@@ -282,6 +302,9 @@ def main() -> None:
     ap.add_argument("--dmd-init", default="ode", help="ode (default), teacher: DMD straight from the teacher's "
                     "weights (it already samples on the student's schedule), skipping the ODE stage, or a student "
                     ".pt to warm-start DMD from (its weights only: a fresh fake score and optimiser, stage dmd-warm)")
+    ap.add_argument("--variant", choices=ABLATIONS, default="diagonal", help="goal 3's ablations of the DMD stage: "
+                    "diagonal (the recipe), no-flow (flow_weight 0), clean-cache (Self-Forcing's clean re-run), "
+                    "constant (4 steps every block); each trains in its own stage folder and is checked as trained")
     args = ap.parse_args()
     if args.dmd_init not in ("ode", "teacher") and not Path(args.dmd_init).is_file():
         ap.error(f"--dmd-init {args.dmd_init}: no such file (give ode, teacher or a student .pt)")
@@ -310,8 +333,9 @@ def main() -> None:
     if args.dmd_init == "teacher":
         from sdvg.toy.preset import toy_files
 
-        stage("dmd-from-teacher", dmd_config(args, toy_files()["target"]), out, args.dmd_steps, args.chunk, None,
-              args.keep)
+        name = "dmd-from-teacher" + ("" if args.variant == "diagonal" else f"-{args.variant}")
+        stage(name, dmd_config(args, toy_files()["target"]), out, args.dmd_steps, args.chunk, None, args.keep,
+              args.variant)
         return
     if args.dmd_init != "ode":
         stage("dmd-warm", dmd_config(args, Path(args.dmd_init)), out, args.dmd_steps, args.chunk, None, args.keep)
