@@ -452,3 +452,24 @@ def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path
     assert (settings["steps"], settings["seed"], settings["object_weight"], settings["edge_weight"]) == (1, 5, 4.0, 2.0)
     a, b = load_dit(base, dtype="fp32", device="cpu").state_dict(), load_dit(new, dtype="fp32", device="cpu").state_dict()
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_toy_train_merges_its_stages_into_a_tree_stamp(tmp_path):
+    """Training a stage into a tree keeps what the stamp says of everything else: the student named as the drafter,
+    its own sampling, provenance entries, other stages; a retrained drafter takes the role back (and drops the
+    student's sampling, which was the student's, not the new drafter's)."""
+    from sdvg.toy.train import FILES, ToyTrainConfig, _write_stamp
+
+    student = "diffusion_models/sdvg_toy_student.pt"
+    stamp = {"version": 1, "files": {**FILES, "drafter": student}, "stages": {"target": {"steps": 5}},
+             "drafter_sampling": {"schedule": "diagonal", "step_noise": "fresh"}, "student": {"steps": 200}}
+    (tmp_path / "sdvg_toy.json").write_text(json.dumps(stamp))
+    _write_stamp(tmp_path, ToyTrainConfig(), {"critic": {"steps": 3}})
+    got = json.loads((tmp_path / "sdvg_toy.json").read_text())
+    assert got["files"]["drafter"] == student and got["drafter_sampling"] == stamp["drafter_sampling"]
+    assert got["student"] == {"steps": 200} and set(got["stages"]) == {"target", "critic"}
+    assert got["files"]["reward"] == FILES["reward"]
+    _write_stamp(tmp_path, ToyTrainConfig(), {"drafter": {"steps": 4}})
+    got = json.loads((tmp_path / "sdvg_toy.json").read_text())
+    assert got["files"]["drafter"] == FILES["drafter"] and "drafter_sampling" not in got
+    assert got["student"] == {"steps": 200} and set(got["stages"]) == {"target", "critic", "drafter"}

@@ -40,6 +40,7 @@ FILES = {
     "drafter": FLOW_DRAFTER_FILE,
     "reward": "image_reward/sdvg_toy_critic.pt",
 }
+ROLE_OF_STAGE = {"text": "text_encoder", "critic": "reward", "target_ft": "target"}  # else the stage's own name
 
 
 @dataclass
@@ -138,7 +139,7 @@ def train_toy(out: str | Path, work: str | Path | None = None, *, config: ToyTra
     for stage in STAGES:
         if stage not in stages or (stage == "target_ft" and cfg.target_finetune is None):
             continue
-        key = {"text": "text_encoder", "critic": "reward", "target_ft": "target"}.get(stage, stage)
+        key = ROLE_OF_STAGE.get(stage, stage)
         dest = work / BASE_TARGET if stage == "target" and cfg.target_finetune is not None else paths[key]
         if paths[key].exists() or dest.exists():
             continue
@@ -257,8 +258,14 @@ def _read_stamp(out: Path) -> dict:
 
 
 def _write_stamp(out: Path, cfg: ToyTrainConfig, log: dict) -> None:
-    """Merge ``log`` into the stamp (stages trained by another process meanwhile are kept)."""
-    stages = {**_read_stamp(out).get("stages", {}), **log}
-    info = {"version": 1, "command": "python -m sdvg toy train", "files": dict(FILES), "config": asdict(cfg),
-            "stages": stages}
+    """Merge ``log`` into the stamp: the roles trained now name the files this run wrote; everything else the stamp
+    holds is kept — stages trained by another process meanwhile, the files it names for the other roles (a distilled
+    student as the drafter), provenance entries. A retrained drafter drops the old drafter's ``drafter_sampling``."""
+    old = _read_stamp(out)
+    trained = {ROLE_OF_STAGE.get(stage, stage) for stage in log}
+    files = {**FILES, **old.get("files", {}), **{role: FILES[role] for role in trained}}
+    info = {**old, "version": 1, "command": "python -m sdvg toy train", "files": files, "config": asdict(cfg),
+            "stages": {**old.get("stages", {}), **log}}
+    if "drafter" in trained:
+        info.pop("drafter_sampling", None)
     (out / STAMP).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
