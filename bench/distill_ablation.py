@@ -90,6 +90,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="out/ablation")
     ap.add_argument("--captions", type=int, default=72, help="held-out captions (72: all of them)")
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=FILE", help="another student to measure "
+                    "beside the ablations (sampled like the recipe's), e.g. a longer run's export")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
@@ -105,6 +107,11 @@ def main() -> None:
     if missing:
         raise SystemExit("train these first (bench/distill_recipe.py --variant): " + "; ".join(missing))
     files["undistilled (target weights, diagonal)"] = str(toy_files()["target"])
+    for item in args.extra:
+        name, _, path = item.partition("=")
+        if not Path(path).is_file():
+            raise SystemExit(f"--extra {item}: no such file (give NAME=FILE)")
+        files[name] = path
     rows = {}
     for name, path in files.items():
         rows[name] = rows_for(name, path, caps)
