@@ -126,15 +126,17 @@ def training_info(out: Path, names: list[str]) -> dict:
     return info
 
 
-def plot_losses(out: Path, info: dict) -> Path:
+def plot_losses(out: Path, info: dict, dashed_key: str = "regression") -> Path:
+    """``losses.png``: each run's fake-score loss (solid) and its ``dashed_key`` loss (dashed), moving mean of 25."""
     from sdvg.outputs.plotting import Chart
 
     colors = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14)]
-    chart = Chart(900, 420, (70, 40, 700, 370), title="Diagonal Distillation (toy): fake-score loss (solid) and "
-                  "teacher regression (dashed), moving mean of 25")
+    what = {"regression": "teacher regression", "dmd": "generator DMD loss"}.get(dashed_key, dashed_key)
+    chart = Chart(900, 420, (70, 40, 700, 370), title=f"Diagonal Distillation (toy): fake-score loss (solid) and "
+                  f"{what} (dashed), moving mean of 25")
     series = []
     for (name, t), color in zip(info.items(), colors, strict=False):
-        for key, dashed in (("fake", False), ("regression", True)):
+        for key, dashed in (("fake", False), (dashed_key, True)):
             pts = t["losses"].get(key, [])
             if pts:
                 series.append((name, key, color, dashed, _smooth(pts, 25)[::10]))  # every 10th: dashes show

@@ -31,13 +31,14 @@ LONG_BLOCKS = 12
 
 
 def students(out: Path) -> dict[str, str]:
-    """Each ablation's student file: the recipe's is the committed student (the same command and seed, 200
-    iterations), the others the ``--variant`` runs' EMA in ``out``."""
+    """Each ablation's student file: the ``--variant`` runs' EMA in ``out``; the recipe's is its run there too, or
+    else the committed student (the same command and seed, 200 iterations)."""
     from distill_recipe import ABLATIONS
 
     from sdvg.toy.preset import toy_files
 
-    got = {"diagonal": str(toy_files()["drafter"])}
+    rerun = out / "dmd-from-teacher" / "student.pt"  # the recipe retrained beside its ablations, when it was
+    got = {"diagonal": str(rerun if rerun.is_file() else toy_files()["drafter"])}
     for v in ABLATIONS[1:]:
         got[v] = str(out / f"dmd-from-teacher-{v}" / "student.pt")
     return got
@@ -120,6 +121,15 @@ def main() -> None:
     res = {"seeds": SEEDS, "captions": len(caps), "rows": rows,
            "paired": {n: {c: paired(r[c]["accuracies"], base[c]["accuracies"], len(caps))
                           for c in ("recompute", "as_trained")} for n, r in rows.items() if n != "diagonal"}}
+    stages = {n: out / f"dmd-from-teacher{'' if n == 'diagonal' else '-' + n}" for n in files}
+    trained = [n for n, d in stages.items() if (d / "train.json").is_file()]
+    if trained:
+        from diagonal_study import plot_losses, training_info
+
+        info = training_info(out, [stages[n].name for n in trained])
+        runs = dict(zip(trained, info.values(), strict=True))
+        res["training"] = {n: {k: v for k, v in t.items() if k != "losses"} for n, t in runs.items()}
+        logging.info("wrote %s", plot_losses(out, runs, dashed_key="dmd"))
     (out / "ablation.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     (out / "ablation.md").write_text(table(res), encoding="utf-8")
     logging.info("wrote %s\n%s", out / "ablation.md", table(res))
