@@ -4,7 +4,7 @@ schedule — each trained from the toy target's weights by ``bench/distill_recip
 each), then measured here on pairs nothing was chosen on:
 
     python bench/distill_recipe.py --out out/ablation --dmd-init teacher --dmd-steps 200 --chunk 100 \\
-        --dmd-regression 0 --variant no-flow          # and clean-cache, constant (diagonal: the committed student)
+        --dmd-regression 0 --variant V   # V: diagonal (or the committed student), no-flow, clean-cache, constant
     python bench/distill_ablation.py --out out/ablation
 
 For every student (and the undistilled target weights on the diagonal schedule): the judge with its 95 % interval on
@@ -37,11 +37,16 @@ def students(out: Path) -> dict[str, str]:
 
     from sdvg.toy.preset import toy_files
 
-    rerun = out / "dmd-from-teacher" / "student.pt"  # the recipe retrained beside its ablations, when it was
-    got = {"diagonal": str(rerun if rerun.is_file() else toy_files()["drafter"])}
-    for v in ABLATIONS[1:]:
-        got[v] = str(out / f"dmd-from-teacher-{v}" / "student.pt")
+    got = {v: str(run_dir(out, v) / "student.pt") for v in ABLATIONS}
+    if not Path(got["diagonal"]).is_file():  # the recipe not retrained beside its ablations: its committed run
+        got["diagonal"] = str(toy_files()["drafter"])
     return got
+
+
+def run_dir(out: Path, variant: str) -> Path:
+    from distill_recipe import stage_name
+
+    return out / stage_name("dmd-from-teacher", variant)
 
 
 def rows_for(name: str, path: str, caps: list[str]) -> dict:
@@ -121,12 +126,11 @@ def main() -> None:
     res = {"seeds": SEEDS, "captions": len(caps), "rows": rows,
            "paired": {n: {c: paired(r[c]["accuracies"], base[c]["accuracies"], len(caps))
                           for c in ("recompute", "as_trained")} for n, r in rows.items() if n != "diagonal"}}
-    stages = {n: out / f"dmd-from-teacher{'' if n == 'diagonal' else '-' + n}" for n in files}
-    trained = [n for n, d in stages.items() if (d / "train.json").is_file()]
+    trained = [n for n in students(out) if (run_dir(out, n) / "train.json").is_file()]
     if trained:
         from diagonal_study import plot_losses, training_info
 
-        info = training_info(out, [stages[n].name for n in trained])
+        info = training_info(out, [run_dir(out, n).name for n in trained])
         runs = dict(zip(trained, info.values(), strict=True))
         res["training"] = {n: {k: v for k, v in t.items() if k != "losses"} for n, t in runs.items()}
         logging.info("wrote %s", plot_losses(out, runs, dashed_key="dmd"))

@@ -29,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 QUICK_SEEDS = [9000]  # held out: the training noise comes from the run's own generators, never a sampler seed
 #: --captions: (what training reads, what the checks judge). "heldout": the world's 144 training captions, judged on
@@ -63,37 +64,40 @@ def ode_config(args) -> dict:
             "betas": [0.9, 0.999], "warmup": 50, "ema": 0.99, "save_every": args.chunk, "seed": 0}
 
 
-#: --variant: goal 3's ablations of the DMD stage (diagonal_study's variants: what each changes in the config)
+#: --variant: goal 3's ablations of the DMD stage (diagonal_study's variants, the regression-only one aside)
 ABLATIONS = ("diagonal", "no-flow", "clean-cache", "constant")
 
 
 def variant_sampling(variant: str) -> dict:
-    """How a ``variant``'s student samples as it was trained (:class:`sdvg.train.measure.Sampling` keywords)."""
-    return {"clean-cache": {"cache": "clean"}, "constant": {"schedule": "constant"}}.get(variant, {})
+    """How a ``variant``'s student samples as it was trained (:class:`sdvg.train.measure.Sampling` keywords): the
+    cache and schedule its config trains with (the two share their names)."""
+    from diagonal_study import VARIANTS
+
+    changes = VARIANTS.get(variant, {})  # another name (an undistilled or --extra row) samples as the recipe
+    return {k: changes[k] for k in ("cache", "schedule") if k in changes}
+
+
+def stage_name(base: str, variant: str) -> str:
+    """The stage folder of ``variant``'s run: the recipe's own name, suffixed for an ablation."""
+    return base if variant == "diagonal" else f"{base}-{variant}"
 
 
 def dmd_config(args, student: Path) -> dict:
-    sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import VARIANTS
 
     from sdvg.toy.preset import toy_files
 
-    return {**_dmd_base(args, student, toy_files()), **VARIANTS[getattr(args, "variant", "diagonal")]}
-
-
-def _dmd_base(args, student: Path, files: dict) -> dict:
     return {"student_init": str(student), "data": str(prompts_file(Path(args.out))),
-            "text_encoder": str(files["text_encoder"]), "dmd_weight": 1.0, "flow_weight": 0.2,
+            "text_encoder": str(toy_files()["text_encoder"]), "dmd_weight": 1.0, "flow_weight": 0.2,
             "regression_weight": args.dmd_regression, "ode_pairs": args.pairs, "batch": args.batch,
             "lr": args.dmd_lr, "lr_fake": args.fake_lr, "gen_every": 5, "betas": [0.0, 0.999], "warmup": 20,
-            "ema": 0.99, "save_every": args.chunk, "seed": 0}
+            "ema": 0.99, "save_every": args.chunk, "seed": 0, **VARIANTS[getattr(args, "variant", "diagonal")]}
 
 
 def evaluate(student: Path, seeds: list[int], caps: list[str] | None = None, variant: str = "diagonal") -> dict:
     """The quick check of ``student``: on its training cache (noisy; clean for the clean-cache ablation), and its
     judge on the recompute cache the eval and SDVG run a drafter with (``judge_recompute``, with its interval), each on
     the schedule it was trained on."""
-    sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
     from sdvg.train.measure import Sampling, measure
@@ -110,7 +114,6 @@ def teacher_row(out: Path, seeds: list[int]) -> dict:
     path = out / f"teacher_{_captions['set']}_{'_'.join(map(str, seeds))}_recompute.json"  # the sampler's cache
     if path.is_file():
         return json.loads(path.read_text())
-    sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
     from sdvg.train.measure import Sampling, measure
@@ -128,7 +131,6 @@ def final(out: Path, student: Path, seeds: list[int]) -> dict:
     teacher weights on the student's schedule (on both caches: what distillation adds) and the teacher (10 ODE steps, recompute cache) on every toy caption ×
     ``seeds``, each with its agreement with the teacher's video from the same seed, and each student's judge as a
     fraction of the teacher's with a paired bootstrap interval (pairs resampled together)."""
-    sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
     from sdvg.eval.stats import bootstrap_ci
@@ -159,7 +161,6 @@ def fidelity_baselines(seed: int) -> dict:
     """What the agreement measure gives a flat field (each teacher video's mean colour everywhere) and a correct
     teacher video from other noise, against the teacher's video from ``seed``, over every toy caption (means and 95 %
     intervals) — the separation latent MSE could not make (flat 0.196 < students 0.200-0.213 < teacher 0.305)."""
-    sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _models
 
     from sdvg.eval.stats import mean_ci
@@ -215,7 +216,6 @@ def install(src: Path, tree: Path, provenance: dict) -> Path:
 def plot(out: Path) -> Path:
     """``losses.png``: the ODE stage's regression, the DMD stage's generator (DMD) and fake-score losses, moving mean
     of 25, from each stage's ``train.json``."""
-    sys.path.insert(0, str(REPO / "bench"))
     from diagonal_study import _smooth, loss_axes
 
     from sdvg.outputs.plotting import Chart
@@ -333,12 +333,12 @@ def main() -> None:
     if args.dmd_init == "teacher":
         from sdvg.toy.preset import toy_files
 
-        name = "dmd-from-teacher" + ("" if args.variant == "diagonal" else f"-{args.variant}")
-        stage(name, dmd_config(args, toy_files()["target"]), out, args.dmd_steps, args.chunk, None, args.keep,
-              args.variant)
+        stage(stage_name("dmd-from-teacher", args.variant), dmd_config(args, toy_files()["target"]), out,
+              args.dmd_steps, args.chunk, None, args.keep, args.variant)
         return
     if args.dmd_init != "ode":
-        stage("dmd-warm", dmd_config(args, Path(args.dmd_init)), out, args.dmd_steps, args.chunk, None, args.keep)
+        stage(stage_name("dmd-warm", args.variant), dmd_config(args, Path(args.dmd_init)), out, args.dmd_steps,
+              args.chunk, None, args.keep, args.variant)
         return
     student = stage("ode", ode_config(args), out, args.ode_steps, args.chunk, goal)
     if not args.skip_dmd:

@@ -34,3 +34,10 @@ def test_each_ablation_changes_only_what_it_names(tmp_path, variant):
     how = distill_recipe.variant_sampling(variant)
     assert how.get("cache", "noisy") == trained.cache  # checked as trained
     assert how.get("schedule", "diagonal") == trained.schedule
+
+
+def test_rows_that_are_not_ablations_sample_as_the_recipe():
+    """The undistilled and ``--extra`` rows of distill_ablation take the recipe's sampling; folders are named apart."""
+    assert distill_recipe.variant_sampling("undistilled (target weights, diagonal)") == {}
+    assert distill_recipe.stage_name("dmd-from-teacher", "diagonal") == "dmd-from-teacher"
+    assert distill_recipe.stage_name("dmd-warm", "constant") == "dmd-warm-constant"
