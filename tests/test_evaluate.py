@@ -267,9 +267,10 @@ def test_the_reward_rows_score_the_subset_asked_and_a_bad_one_is_refused_first(t
     from sdvg.cli.args import score_frames_from_args
     from sdvg.toy import TOY_SCORE_FRAMES
 
-    runner = ev.PromptRunner(_NoRun(), CONFIG, tmp_path, score_frames=2, rate_router={"prior_mean": 0.0})
+    runner = ev.PromptRunner(_NoRun(), CONFIG, tmp_path, routing=ev.RewardRouting(2, {"prior_mean": 0.0}))
     for method, tau in (("sdvg", -1.0), ("refine", -1.0), ("sdvg-rate", 0.5)):
         assert runner.router(0, method, tau, {}).validate().score_frames == 2, method
+    assert runner.router(0, "sdvg-rate", 0.5, {}).prior_mean == 0.0  # the target-rate prior reaches its rows only
     assert runner.router(0, "target-only", None, {}).score_frames == 0
     with pytest.raises(ConfigError, match="score_frames must be a whole number of frames >= 0"):
         ev.evaluate(_NoRun(), PROMPTS, tmp_path / "out", taus=(-1.0,), sampler_config=CONFIG, score_frames=-1)

@@ -36,12 +36,12 @@ class _EvalWorker:
                  save_videos: bool, warmup: bool, score_frames: int = 0) -> None:
         from ..devices import set_cpu_threads
         from ..loaders.bundle import load_models
-        from .run import PromptRunner, load_metric
+        from .run import PromptRunner, RewardRouting, load_metric
 
         set_cpu_threads(load_kwargs.get("threads"), 1)
         models = load_models(**{k: v for k, v in load_kwargs.items() if k != "threads"})
         self.runner = PromptRunner(models, config, Path(out), metrics=[load_metric(m) for m in metric_specs],
-                                   save_videos=save_videos, score_frames=score_frames)
+                                   save_videos=save_videos, routing=RewardRouting(score_frames))
         self.warm = not warmup
 
     def run_prompt(self, pid: int, prompt: str, todo: list, done_rows: list, seed: int | None = None) -> list[dict]:

@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -251,7 +252,7 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
     todo = [r for r in plan if (str(r[0]), r[1], tau_key(r[2])) not in done]
     written = 0
     runner = PromptRunner(models, config, out, metrics=metrics, save_videos=save_videos, log=log,
-                          rate_router=rate_router, score_frames=score_frames)
+                          routing=RewardRouting(score_frames, dict(rate_router or {})))
     if todo and warmup:
         runner.warm_up(prompts[todo[0][0]])
     for pid in dict.fromkeys(r[0] for r in todo):
@@ -276,17 +277,35 @@ def evaluate(models, prompts: Sequence[str], out_dir: str | Path, *, taus: Seque
             "paired": paired, "results": str(out / RESULTS)}
 
 
+@dataclass(frozen=True)
+class RewardRouting:
+    """How the reward rows (sdvg, refine, sdvg-rate) route, besides their τ or rate: ``score_frames`` frames scored a
+    block (0 = every frame; the router's ``score_frames``) and the target-rate router's prior (``rate``, e.g.
+    ``{"prior_mean": …, "prior_std": …}``; sdvg-rate only). One value for a whole run, recorded in its settings."""
+
+    score_frames: int = 0
+    rate: Mapping[str, float] = field(default_factory=dict)
+
+    def router(self, method: str, tau: float):
+        """The router of a reward row at ``tau`` (a threshold, or for sdvg-rate an acceptance rate)."""
+        from ..sampling.router import RouterConfig
+
+        if method == "sdvg-rate":
+            return RouterConfig(mode="reward", aggregation="min", threshold="target-rate", target_rate=tau,
+                                score_frames=self.score_frames, **self.rate)
+        return RouterConfig(mode="reward", tau=tau, aggregation="min", threshold="fixed", score_frames=self.score_frames)
+
+
 class PromptRunner:
     """Runs the missing rows of one prompt at a time on loaded models, in plan order (target-only first: the later
     rows' speedups refer to it; random after sdvg: it matches sdvg's acceptance). The single-process evaluation and
     each Ray actor (``eval_ray.py``) use it. ``pools``: the run-wide target-rate score pools (compat "pooled")."""
 
     def __init__(self, models, config, out: Path, *, metrics=(), save_videos: bool = True, log=None,
-                 rate_router: Mapping[str, float] | None = None, score_frames: int = 0) -> None:
+                 routing: RewardRouting | None = None) -> None:
         self.models, self.config, self.out, self.metrics = models, config, out, metrics
         self.save_videos, self.log = save_videos, log
-        self.rate_router = dict(rate_router or {})
-        self.score_frames = score_frames
+        self.routing = routing or RewardRouting()
         self.pools: dict[tuple[str, str], list[float]] = {}
 
     def config_for(self, method: str, seed: int | None = None):
@@ -313,12 +332,8 @@ class PromptRunner:
             return RouterConfig(mode=method)
         if method == "target0-draft":  # block 0 is the target's (force_reject_first), every drafted block accepted
             return RouterConfig(mode="pattern", pattern=(True,) * (self.config.num_blocks - 1))
-        if method in ("sdvg", "refine"):
-            return RouterConfig(mode="reward", tau=float(tau), aggregation="min", threshold="fixed",
-                                score_frames=self.score_frames)
-        if method == "sdvg-rate":
-            return RouterConfig(mode="reward", aggregation="min", threshold="target-rate", target_rate=float(tau),
-                                score_frames=self.score_frames, **self.rate_router)
+        if method in ("sdvg", "refine", "sdvg-rate"):
+            return self.routing.router(method, float(tau))
         matched = known.get((MATCHED[method], tau_key(tau)))
         if matched is None:
             return None
