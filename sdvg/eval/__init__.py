@@ -6,7 +6,7 @@ from ..facade import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "folder": "check_out_dir check_run_settings run_settings",
     "ray": "evaluate_ray import_ray",
-    "run": "DEFAULT_METHODS DEFAULT_TAUS METHODS PromptRunner check_eval_args check_plan evaluate format_paired "
+    "run": "DEFAULT_METHODS DEFAULT_TAUS METHODS PromptRunner RewardRouting check_eval_args check_plan evaluate format_paired "
            "format_summary load_metric parse_taus read_prompts",
     "stats": "bootstrap_ci",
 })
