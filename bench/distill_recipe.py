@@ -58,7 +58,7 @@ def prompts_file(out: Path) -> Path:
 def ode_config(args) -> dict:
     from sdvg.toy.preset import toy_files
 
-    return {"student_init": str(toy_files()["target"]), "data": str(prompts_file(Path(args.out))),
+    return {"student_init": str(args.ode_init or toy_files()["target"]), "data": str(prompts_file(Path(args.out))),
             "text_encoder": str(toy_files()["text_encoder"]), "dmd_weight": 0.0, "flow_weight": 0.0,
             "regression_weight": 1.0, "ode_pairs": args.pairs, "batch": args.batch, "lr": args.ode_lr,
             "betas": [0.9, 0.999], "warmup": 50, "ema": 0.99, "save_every": args.chunk, "seed": 0}
@@ -281,6 +281,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=150)
     ap.add_argument("--ode-steps", type=int, default=3000)
     ap.add_argument("--ode-lr", type=float, default=1e-4)
+    ap.add_argument("--ode-init", help="the ODE stage's starting weights (default: the teacher's): a student .pt of "
+                    "another architecture distils the teacher into a smaller model (docs/TRAINING.md)")
     ap.add_argument("--dmd-steps", type=int, default=1500)
     ap.add_argument("--dmd-lr", type=float, default=2e-5)
     ap.add_argument("--fake-lr", type=float, default=1e-4)
@@ -308,6 +310,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.dmd_init not in ("ode", "teacher") and not Path(args.dmd_init).is_file():
         ap.error(f"--dmd-init {args.dmd_init}: no such file (give ode, teacher or a student .pt)")
+    if args.ode_init and not Path(args.ode_init).is_file():
+        ap.error(f"--ode-init {args.ode_init}: no such file (give a student .pt)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     _captions["set"] = args.captions
     import torch

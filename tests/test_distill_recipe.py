@@ -41,3 +41,16 @@ def test_rows_that_are_not_ablations_sample_as_the_recipe():
     assert distill_recipe.variant_sampling("undistilled (target weights, diagonal)") == {}
     assert distill_recipe.stage_name("dmd-from-teacher", "diagonal") == "dmd-from-teacher"
     assert distill_recipe.stage_name("dmd-warm", "constant") == "dmd-warm-constant"
+
+
+def test_the_ode_stage_starts_from_the_teacher_unless_told(tmp_path):
+    """``--ode-init``: the ODE stage's starting weights (a smaller student's), else the teacher's — a config the
+    trainer accepts either way."""
+    from sdvg.toy.preset import toy_files
+
+    args = argparse.Namespace(out=str(tmp_path), pairs=8, batch=2, ode_lr=1e-4, chunk=10, ode_init=None)
+    assert distill_recipe.ode_config(args)["student_init"] == str(toy_files()["target"])
+    args.ode_init = str(tmp_path / "small.pt")
+    cfg = distill_recipe.ode_config(args)
+    assert cfg["student_init"] == args.ode_init and cfg["dmd_weight"] == 0.0
+    assert load_config(None, **{**cfg, "out": str(tmp_path / "run")}).student_init == args.ode_init
