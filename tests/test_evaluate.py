@@ -292,3 +292,14 @@ def test_spearman_ranks_ties_and_refuses_what_has_no_ranks():
     assert spearman([1, 1, 1], [1, 2, 3]) is None and spearman([1], [2]) is None
     with pytest.raises(ValueError, match="pairs"):
         spearman([1, 2], [1])
+
+
+def test_a_schedule_with_a_list_per_block_runs_the_warm_up_and_the_rows(tiny_models, tmp_path):
+    """A drafter schedule with one list for each of 3 blocks (a short first block's continuation, one step later)
+    is valid for the run, so the short warm-up run (2 blocks otherwise) takes as many blocks as it has lists."""
+    from dataclasses import replace
+
+    cfg = replace(CONFIG, num_blocks=3, drafter_schedule=[[1000, 750, 500, 250], [1000, 500], [1000]]).validate()
+    res = ev.evaluate(tiny_models, PROMPTS[:1], tmp_path / "out", taus=(), methods=("target-only", "draft-only"),
+                      sampler_config=cfg, save_videos=False)
+    assert res["complete"] and res["written"] == 2

@@ -407,13 +407,15 @@ def _declared_names(metrics) -> list[str] | None:
 
 
 def _warm_up(models, config, prompt: str, embeds) -> None:
-    """One short untimed run of each model path so the first timed row does not pay first-call costs."""
+    """One short untimed run of each model path so the first timed row does not pay first-call costs: two blocks, or
+    as many as the schedules give distinct lists (a per-block list longer than the short run is no error)."""
     from dataclasses import replace
 
     from ..sampling.router import RouterConfig
     from ..sampling.sampler import SpeculativeSampler
 
-    cfg = replace(config, num_blocks=min(2, config.num_blocks), num_frames=None)
+    lists = max(len(config.step_schedule(role, distinct=True)) for role in ("target", "drafter"))
+    cfg = replace(config, num_blocks=min(max(2, lists), config.num_blocks), num_frames=None)
     for router in (RouterConfig(mode="target-only"), RouterConfig(mode="reward", tau=-math.inf)):
         SpeculativeSampler(models, router, cfg).run(prompt, prompt_embeds=embeds)
     models.reward.score(torch.zeros((1, config.height, config.width, 3)), prompt)
