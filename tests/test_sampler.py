@@ -105,6 +105,19 @@ def test_diagonal_schedule_and_noisy_cache_forward_counts(tiny_models):
     assert [b.forwards["target"] for b in glob.blocks] == [4, 4, 3, 3, 3]
 
 
+def test_a_diagonal_1_drafter_takes_one_step_a_drafted_block(tiny_models):
+    """SDVG with a drafter on "diagonal-1": block 0 is the target's on its own schedule, every drafted block takes one
+    step; draft-only draws block 0 on the diagonal's first list (4 steps)."""
+    from dataclasses import replace
+
+    cfg = replace(SamplerConfig(num_blocks=4, width=64, height=64), drafter_schedule="diagonal-1").validate()
+    res = SpeculativeSampler(tiny_models, RouterConfig(mode="random", random_rate=1.0), cfg).run(PROMPT)
+    assert [b.produced_by for b in res.blocks] == ["target", "drafter", "drafter", "drafter"]
+    assert [b.steps for b in res.blocks] == [4, 1, 1, 1]
+    draft_only = SpeculativeSampler(tiny_models, RouterConfig(mode="draft-only"), cfg).run(PROMPT)
+    assert [b.steps for b in draft_only.blocks] == [4, 1, 1, 1]
+
+
 def test_refine_on_reject_runs_only_the_remaining_steps(tiny_models):
     res = run(tiny_models, tau=math.inf, regime=CacheRegime.NOISY, refine_from_step=2)
     for rec in res.blocks[1:]:

@@ -68,6 +68,13 @@ def test_diagonal(sched):
     assert all(v in table for r in rows for v in r)
 
 
+def test_diagonal_1_is_the_diagonals_first_list_then_one_step(sched):
+    rows = build_step_schedule("diagonal-1", 4, sched)
+    assert rows[0] == build_step_schedule("diagonal", 1, sched)[0]
+    assert rows[1:] == [[1000.0]] * 3  # one step from noise: the x0 prediction given the cache
+    assert build_step_schedule("Diagonal-1", 1, sched) == rows[:1]
+
+
 def test_json_and_lists(sched):
     rows = build_step_schedule("[[1000, 500], [900]]", 3, sched)
     assert len(rows) == 3 and len(rows[0]) == 2 and rows[1] == rows[2]

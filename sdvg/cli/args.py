@@ -96,7 +96,7 @@ def add_sampling_args(p: argparse.ArgumentParser, *, profile_flag: str = "--prof
     g.add_argument("--height", type=int, help=f"multiple of 16 (default {_S.height}, tiny preset 64)")
     g.add_argument("--seed", type=int, default=_S.seed)
     add_cache_args(g)
-    g.add_argument("--schedule", default=None, help="constant | diagonal | '1000,750,500,250' | JSON list of lists "
+    g.add_argument("--schedule", default=None, help="constant | diagonal | diagonal-1 | '1000,750,500,250' | JSON list of lists "
                    f"(default {_S.schedule}; the toy world's models: their own 10-step list)")
     g.add_argument("--step-noise", choices=STEP_NOISES, default=None, help="between steps re-noise with "
                    "fresh noise (Self-Forcing, Krea) or the predicted noise (flow ODE Euler steps, for undistilled "
@@ -297,8 +297,8 @@ def load_from_source(source: ModelSource, args, *, need: tuple[str, ...]):
 
 def add_drafter_schedule_args(g) -> None:
     g.add_argument("--drafter-schedule", default=None, help="the drafter's own step schedule (a distilled few-step "
-                   "drafter beside an undistilled target, e.g. a Diagonal Distillation student: diagonal); default: "
-                   "the target's")
+                   "drafter beside an undistilled target, e.g. a Diagonal Distillation student: diagonal, or diagonal-1 — one "
+                   "step a block after the first); default: the target's")
     g.add_argument("--drafter-step-noise", choices=STEP_NOISES, default=None, help="the drafter's own "
                    "step noise (a distilled student: fresh); default: the target's")
 

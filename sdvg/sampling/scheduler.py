@@ -20,7 +20,8 @@ import torch
 
 from ..errors import ConfigError
 
-SCHEDULES = ("constant", "diagonal")  # named schedules; a list of timesteps (or of lists) is the custom one
+#: named schedules; a list of timesteps (or of lists) is the custom one
+SCHEDULES = ("constant", "diagonal", "diagonal-1")
 SELF_FORCING_STEPS: tuple[float, ...] = (1000.0, 750.0, 500.0, 250.0)
 # Diagonal Distillation released-code lists (raw values; 357.14 is the warp of 100). Snapped to the table.
 DIAGONAL_STEPS: tuple[tuple[float, ...], ...] = (
@@ -28,6 +29,10 @@ DIAGONAL_STEPS: tuple[tuple[float, ...], ...] = (
     (1000.0, 933.0, 357.14285714285717),
     (1000.0, 357.14285714285717),
 )
+#: "diagonal-1": the diagonal's first list for block 0, then one step (t = 1000, the x0 prediction from noise) for
+#: every later block — a distilled drafter continuing a cache it did not make (in SDVG block 0 is the target's). Toy
+#: world (docs/TOY_WORLD.md, "Sixth sitting"): the student's judge 0.83 × the target's at 5.7× less time a block.
+DIAGONAL_ONE_STEPS: tuple[tuple[float, ...], ...] = (DIAGONAL_STEPS[0], (1000.0,))
 
 
 class FlowMatchScheduler:
@@ -136,7 +141,7 @@ def with_tail_step(schedule: list[list[float]]) -> list[list[float]]:
 
 
 def build_step_schedule(spec, num_blocks: int, scheduler: FlowMatchScheduler) -> list[list[float]]:
-    """Per-block timestep lists. ``spec``: "constant" | "diagonal" | "1000,750,500,250" (raw, warped)
+    """Per-block timestep lists. ``spec``: "constant" | "diagonal" | "diagonal-1" | "1000,750,500,250" (raw, warped)
     | JSON / list of lists (used as given after snapping; the last list repeats). A final 0 in a list is Krea's
     t = 0 tail step (``"1000,750,500,250,0"`` is Krea's 5-step schedule)."""
     lists = distinct_step_lists(spec, num_blocks, scheduler)
@@ -155,8 +160,9 @@ def distinct_step_lists(spec, num_blocks: int, scheduler: FlowMatchScheduler) ->
         low = text.lower()
         if low == "constant":
             lists = [scheduler.warp(SELF_FORCING_STEPS)]
-        elif low == "diagonal":
-            lists = [[scheduler.snap(v) for v in row] for row in DIAGONAL_STEPS]
+        elif low in ("diagonal", "diagonal-1"):
+            rows = DIAGONAL_STEPS if low == "diagonal" else DIAGONAL_ONE_STEPS
+            lists = [[scheduler.snap(v) for v in row] for row in rows]
         elif text.startswith("["):
             try:
                 parsed = json.loads(text)
@@ -167,7 +173,7 @@ def distinct_step_lists(spec, num_blocks: int, scheduler: FlowMatchScheduler) ->
             raw = _validate_list(_parse_numbers(text), repr(text))
             lists = [scheduler.warp(raw)]
         else:
-            raise ConfigError("Step schedule is empty; use 'constant', 'diagonal' or a list like 1000,750,500,250.")
+            raise ConfigError(f"Step schedule is empty; use one of {', '.join(SCHEDULES)} or a list like 1000,750,500,250.")
     elif isinstance(spec, Sequence) and not isinstance(spec, (bytes, bytearray)):
         if not spec:
             raise ConfigError("Step schedule list is empty; give at least one list of timesteps.")
