@@ -93,11 +93,12 @@ plain background, 64×64. They are already in ComfyUI's model lists (the pack ad
   the streaming VAE's interface, not a Wan VAE)
 * `image_reward/sdvg_toy_critic.pt` (+ its vocab and config), the critic in ImageReward's format
 
-Prompts are toy captions: `a <red|green|blue> <circle|square|triangle> moving <left|right|up|down> on a <black|white>
-background`. The target is a 2.7 M-parameter causal DiT (4 layers), a flow-matching model: it samples with its own
-10-step list (the custom schedule below) and `step_noise` = predicted (Euler steps of the flow ODE). The drafter is the
-same network distilled (DMD with the noisy cache): it samples on its own `drafter_schedule` = diagonal (4, 3, 2 steps)
-with `drafter_step_noise` = fresh, 3.3× fewer forwards for 0.94× the target's judge. The critic is a tiny
+Prompts are toy captions: `a <red|green|blue|yellow|magenta|cyan> <circle|square|triangle> moving
+<left|right|up|down> on a <black|white|grey> background`. The target is a 1.2 M-parameter causal DiT (4 layers, 64
+tokens a frame), a flow-matching model: it samples with its own 10-step list (the custom schedule below) and
+`step_noise` = fresh. The drafter is the same network distilled (DMD with the noisy cache): it samples on its own
+`drafter_schedule` = diagonal-1 (4 steps for block 0, then one step a block; it was trained on diagonal 4, 3, 2) with
+`drafter_step_noise` = fresh: 5.7× less time a block than the target, 0.97× its judge. The critic is a tiny
 ImageReward trained on the world; τ is on its scale (−2 broken or wrong, +2 a clean frame that matches).
 """
 
