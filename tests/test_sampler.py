@@ -217,6 +217,11 @@ def test_target_only_estimate_prices_forwards_decodes_and_reencodes_apart():
     assert totals["forward_s"] == {"target": pytest.approx(0.1), "encode": pytest.approx(0.2)}
     latent = CacheConfig("recompute", first_frame="latent").policy()
     assert estimate_totals(records, 3.0, stats, latent, 4)["est_target_only_s"] == pytest.approx(1.9 + 0.4)
+    # drafted blocks on the drafter's own one-step schedule are priced at the target's steps, not their own
+    drafts = [records[0], *(BlockRecord(block=b, decision="accept", reason="", produced_by="drafter", steps=1,
+                                        drafted=True, timings={"decode": 0.1}) for b in range(1, 4))]
+    assert estimate_totals(drafts, 3.0, stats, latent, 4, [4, 4, 4, 4])["est_target_only_s"] == pytest.approx(1.9 + 0.4)
+    assert estimate_totals(drafts, 3.0, stats, latent, 4)["est_target_only_s"] == pytest.approx(1.9 - 0.9 + 0.4)
 
 
 def test_reencodes_are_timed_apart_from_the_target_forwards(tiny_models):

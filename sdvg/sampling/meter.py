@@ -86,16 +86,20 @@ class RunMeter:
         stats["encode"] = {"seconds": self.encode_seconds, "calls": self.calls["encode"]}
         return stats
 
-    def totals(self, records: list[BlockRecord], policy: CachePolicy, planned_blocks: int) -> dict:
-        return estimate_totals(records, time.perf_counter() - self.started, self.call_stats(), policy, planned_blocks)
+    def totals(self, records: list[BlockRecord], policy: CachePolicy, planned_blocks: int,
+               target_steps: list[int] | None = None) -> dict:
+        return estimate_totals(records, time.perf_counter() - self.started, self.call_stats(), policy, planned_blocks,
+                               target_steps)
 
 
 def estimate_totals(records: list[BlockRecord], wall: float, call_stats: dict, policy: CachePolicy,
-                    planned_blocks: int) -> dict:
+                    planned_blocks: int, target_steps: list[int] | None = None) -> dict:
     """Acceptance, wall time, and the target-only time estimated from this run's measured per-call times.
 
     Cost model: a target-only block costs (steps + the regime's cache forwards) × the mean target forward time + one
     decode, plus the regime's context re-encodes (recompute with Krea's first frame: one per block from block 2).
+    ``target_steps``: the target's steps for each block (its schedule); without it a block's own steps, which for a
+    drafted block are the drafter's — fewer when the drafter has its own schedule.
     """
     drafted = [r for r in records if r.drafted]
     accepted = [r for r in drafted if r.decision == "accept"]
@@ -111,7 +115,10 @@ def estimate_totals(records: list[BlockRecord], wall: float, call_stats: dict, p
         per_forward = target["seconds"] / target["calls"]
         per_decode = phases.get("decode", 0.0) / max(1, decodes)
         per_encode = encode["seconds"] / encode["calls"] if encode["calls"] else 0.0
-        est = sum((r.steps + policy.target_only_cache_forwards(r.block)) * per_forward + per_decode
+        def steps(r: BlockRecord) -> int:
+            return target_steps[min(r.block, len(target_steps) - 1)] if target_steps else r.steps
+
+        est = sum((steps(r) + policy.target_only_cache_forwards(r.block)) * per_forward + per_decode
                   + policy.context_encodes(r.block) * per_encode for r in records)
     return {
         "blocks": len(records),
