@@ -353,7 +353,7 @@ class _Run:
         if cfg.output_dtype == "uint8":
             frames = (frames * 255.0).round_().clamp_(0, 255).to(torch.uint8)
         latents = self.history.latents() if len(self.history) and self.history.complete else torch.empty(0)
-        target_steps = [len(row) for row in cfg.step_schedule("target")]  # what a target-only run would take
+        target_steps = [len(row) for row in self.s.schedule]  # what a target-only run would take
         totals = self.meter.totals(self.records, self.s.policy, cfg.num_blocks, target_steps)
         return SDVGResult(frames, latents, self.records, self.partial, totals, self.settings())
 

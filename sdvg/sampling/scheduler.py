@@ -31,8 +31,9 @@ DIAGONAL_STEPS: tuple[tuple[float, ...], ...] = (
 )
 #: "diagonal-1": the diagonal's first list for block 0, then one step (t = 1000, the x0 prediction from noise) for
 #: every later block — a distilled drafter continuing a cache it did not make (in SDVG block 0 is the target's). Toy
-#: world (docs/TOY_WORLD.md, "Sixth sitting"): the student's judge 0.83 × the target's at 5.7× less time a block.
+#: world (docs/TOY_WORLD.md, "Sixth sitting"): the student's judge 0.97 × the target's at 5.7× less time a block.
 DIAGONAL_ONE_STEPS: tuple[tuple[float, ...], ...] = (DIAGONAL_STEPS[0], (1000.0,))
+SNAPPED_LISTS = {"diagonal": DIAGONAL_STEPS, "diagonal-1": DIAGONAL_ONE_STEPS}  # the named per-block lists, snapped
 
 
 class FlowMatchScheduler:
@@ -160,9 +161,8 @@ def distinct_step_lists(spec, num_blocks: int, scheduler: FlowMatchScheduler) ->
         low = text.lower()
         if low == "constant":
             lists = [scheduler.warp(SELF_FORCING_STEPS)]
-        elif low in ("diagonal", "diagonal-1"):
-            rows = DIAGONAL_STEPS if low == "diagonal" else DIAGONAL_ONE_STEPS
-            lists = [[scheduler.snap(v) for v in row] for row in rows]
+        elif low in SNAPPED_LISTS:
+            lists = [[scheduler.snap(v) for v in row] for row in SNAPPED_LISTS[low]]
         elif text.startswith("["):
             try:
                 parsed = json.loads(text)
