@@ -3,6 +3,7 @@ settings from the command line).
 
     python bench/toy_finetune_target.py --base sdvg/toy/models/diffusion_models/sdvg_toy_target.safetensors \\
         --out out/ft --object-weight 8 --steps 3000 --seed 22
+    python bench/toy_finetune_target.py --base ... --out out/ft_pairs --object-weight 8 --shape-pairs --shape-contrast 0.3
 
 ``--out`` becomes a models tree (the committed tree's other files copied in, without a target); the fine-tune's
 state lives in ``<out>_work`` (rerun the same command to resume it exactly), its EMA is exported to
@@ -31,6 +32,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=21)
     p.add_argument("--object-weight", type=float, default=4.0)
     p.add_argument("--edge-weight", type=float, default=0.0)
+    p.add_argument("--shape-pairs", action="store_true",
+                   help="batches of scene pairs that differ only in shape, sharing noise and sigma")
+    p.add_argument("--shape-contrast", type=float, default=0.0,
+                   help="lambda in [0, 1): minus lambda x the error against the pair's other shape (needs --shape-pairs)")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     import torch
@@ -48,7 +53,8 @@ def main(argv=None) -> int:
     if not (work / BASE_TARGET).exists():
         shutil.copyfile(a.base, work / BASE_TARGET)
     settings = DiTTrainSettings(steps=a.steps, batch=a.batch, lr=a.lr, warmup=100, seed=a.seed,
-                                object_weight=a.object_weight, edge_weight=a.edge_weight)
+                                object_weight=a.object_weight, edge_weight=a.edge_weight,
+                                shape_pairs=a.shape_pairs, shape_contrast=a.shape_contrast)
     command = "python bench/toy_finetune_target.py " + " ".join(argv if argv is not None else sys.argv[1:])
     paths = train_toy(out, work, config=ToyTrainConfig(target_finetune=settings), stages=("target_ft",),
                       progress=_progress, command=command)

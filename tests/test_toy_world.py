@@ -285,6 +285,68 @@ def test_a_dit_stage_warm_starts_from_an_exported_checkpoint(patch_vae, tmp_path
     assert st["step"] == 3 and len(st["losses"]) == 1
 
 
+def test_shape_pairs_are_one_training_scene_in_two_shapes():
+    """Every training caption has exactly one shape partner, a training caption that differs only in the shape word
+    (the third shape is held out); a rendered pair is one scene — place, size, motion, colours — in the two shapes."""
+    from sdvg.toy.world import render_shape_pairs, shape_partner, train_captions
+
+    train = set(train_captions())
+    for caption in train:
+        partner = shape_partner(caption)
+        a, b = parse_caption(caption), parse_caption(partner)
+        assert partner in train and a["shape"] != b["shape"]
+        assert {k: v for k, v in a.items() if k != "shape"} == {k: v for k, v in b.items() if k != "shape"}
+        assert shape_partner(partner) == caption
+    with pytest.raises(ConfigError, match="held-out"):
+        shape_partner(held_out_captions(1)[0])
+    clips, scenes = render_shape_pairs(torch.Generator().manual_seed(4), 3, 9)
+    assert clips.shape == (6, 9, 64, 64, 3) and len(scenes) == 6
+    for first, second in zip(scenes[::2], scenes[1::2], strict=True):
+        assert second.caption == shape_partner(first.caption)
+        assert (first.x, first.y, first.radius, first.speed) == (second.x, second.y, second.radius, second.speed)
+    differ = (clips[0] != clips[1]).any(-1)
+    assert differ.any() and differ.float().mean() < 0.1  # only the outline's cells change
+
+
+def test_paired_flow_loss_shares_noise_within_a_pair_and_the_contrast_subtracts_the_partner_error():
+    """``pairs``: a pair's two samples get the same σ and noise, so two identical clips give identical predictions;
+    ``contrast`` λ: the loss is the plain error minus λ × the error against the partner's target (computed here by
+    hand from the same draws); the plain path draws exactly what it drew before pairs existed."""
+    from sdvg.models.dit import CausalWanTransformer
+    from sdvg.toy.dit_train import DiTSpec, DiTTrainSettings, flow_loss
+
+    torch.manual_seed(0)
+    model = CausalWanTransformer(**DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=1).config()).float()
+    x0, embeds = torch.randn(4, 16, 6, 8, 8), torch.randn(4, 8, 64)
+    embeds[1], x0[1] = embeds[0], x0[0]
+    gen = torch.Generator().manual_seed(1)
+    plain = flow_loss(model, x0, embeds, 0, torch.Generator().manual_seed(1))
+    sigma, eps = torch.rand(4, generator=gen), torch.randn(4, 16, 3, 8, 8, generator=gen)
+    s = sigma.view(4, 1, 1, 1, 1)
+    t = (sigma * 1000).view(4, 1).expand(4, 3)
+    v = model.forward_train((1 - s) * x0[:, :, :3] + s * eps, t, model.cross_attention(embeds))
+    torch.testing.assert_close(plain, torch.nn.functional.mse_loss(v, eps - x0[:, :, :3]))
+
+    gen = torch.Generator().manual_seed(1)
+    sigma, eps = torch.rand(2, generator=gen).repeat_interleave(2), torch.randn(2, 16, 3, 8, 8, generator=gen)
+    eps = eps.repeat_interleave(2, dim=0)
+    s = sigma.view(4, 1, 1, 1, 1)
+    v = model.forward_train((1 - s) * x0[:, :, :3] + s * eps, (sigma * 1000).view(4, 1).expand(4, 3),
+                            model.cross_attention(embeds))
+    torch.testing.assert_close(v[0], v[1])  # one clip, one caption, shared draws: one prediction
+    target = eps - x0[:, :, :3]
+    err = (v - target).square().mean()
+    err_partner = (v - target[[1, 0, 3, 2]]).square().mean()
+    paired = flow_loss(model, x0, embeds, 0, torch.Generator().manual_seed(1), pairs=True)
+    contrasted = flow_loss(model, x0, embeds, 0, torch.Generator().manual_seed(1), pairs=True, contrast=0.3)
+    torch.testing.assert_close(paired, err)
+    torch.testing.assert_close(contrasted, err - 0.3 * err_partner)
+    for bad, match in (({"shape_contrast": 1.0}, "in \\[0, 1\\)"), ({"shape_contrast": 0.2}, "needs shape_pairs"),
+                       ({"shape_pairs": True, "batch": 3}, "even batch")):
+        with pytest.raises(ConfigError, match=match):
+            DiTTrainSettings(**bad)
+
+
 def test_the_object_weighted_flow_loss_weighs_the_object_cells_and_reduces_to_the_plain_loss():
     """``object_weight`` k: weights 1 + k·cover on the latent grid — exactly 1 where the object never is, above 1
     where it is, the first latent frame from pixel frame 0 alone — and a uniform weight gives the plain MSE."""

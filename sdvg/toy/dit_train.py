@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
 from ..loaders.checkpoint import torch_load
 from ..loaders.wan_keys import make_config, to_original_keys
 from ..models.dit import CausalWanTransformer
 from ..models.patch_vae import PatchVAE
-from .world import CLIP_FRAMES, Scene, object_cover, render_batch, train_captions
+from .world import CLIP_FRAMES, Scene, object_cover, render_batch, render_shape_pairs, train_captions
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,17 @@ class DiTTrainSettings:
     weight_decay: float = 0.01
     object_weight: float = 0.0  # k in the loss weight 1 + k·c + e·4c(1 − c), c the object cover of the latent cell
     edge_weight: float = 0.0  # e: the cells the object's outline crosses (where shapes differ); 0, 0 = plain MSE
+    shape_pairs: bool = False  # batches of scene pairs that differ only in shape, sharing noise, σ and context
+    shape_contrast: float = 0.0  # λ < 1: minus λ × the error against the partner's target (needs shape_pairs)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.shape_contrast < 1.0:
+            raise ConfigError(f"shape_contrast must be in [0, 1), got {self.shape_contrast} (at 1 the loss has no "
+                              "minimum).")
+        if self.shape_contrast and not self.shape_pairs:
+            raise ConfigError("shape_contrast needs shape_pairs: the contrast is against the pair's other shape.")
+        if self.shape_pairs and self.batch % 2:
+            raise ConfigError(f"shape_pairs needs an even batch, got {self.batch}.")
 
 
 def build_dit(spec: DiTSpec, seed: int) -> CausalWanTransformer:
@@ -102,25 +114,37 @@ def object_weight_map(scenes: list[Scene], k: float, cell: int = 8, edge: float 
 
 
 def flow_loss(model: CausalWanTransformer, x0: torch.Tensor, embeds: torch.Tensor, context: int,
-              gen: torch.Generator, weight: torch.Tensor | None = None) -> torch.Tensor:
+              gen: torch.Generator, weight: torch.Tensor | None = None, *, pairs: bool = False,
+              contrast: float = 0.0) -> torch.Tensor:
     """The flow-matching loss on block ``context`` of ``x0 [B,16,F,h,w]`` after ``context`` clean blocks; with
-    ``weight [B,1,F,h,w]`` (:func:`object_weight_map`) a weighted mean, normalised by the block's mean weight."""
+    ``weight [B,1,F,h,w]`` (:func:`object_weight_map`) a weighted mean, normalised by the block's mean weight.
+
+    ``pairs``: samples (0, 1), (2, 3), … are one scene in two shapes (:func:`~sdvg.toy.world.render_shape_pairs`)
+    and share their noise and σ, so what tells a pair's predictions apart at high noise is the shape word alone.
+    ``contrast`` λ subtracts λ × the (weighted) error against the partner's target, as in contrastive flow matching
+    with the pair's other shape as the negative: the minimum moves from the target u to u + λ/(1 − λ)·(u − u_partner),
+    away from the other shape."""
     b = x0.shape[0]
     lo, hi = 3 * context, 3 * context + 3
     x0 = x0[:, :, :hi]
-    sigma = torch.rand(b, generator=gen)
-    eps = torch.randn(x0[:, :, lo:hi].shape, generator=gen)
+    draws = b // 2 if pairs else b
+    sigma = torch.rand(draws, generator=gen)
+    eps = torch.randn((draws, *x0.shape[1:2], 3, *x0.shape[3:]), generator=gen)
+    if pairs:
+        sigma, eps = sigma.repeat_interleave(2), eps.repeat_interleave(2, dim=0)
     s = sigma.view(b, 1, 1, 1, 1)
     noisy = (1 - s) * x0[:, :, lo:hi] + s * eps
     x = torch.cat([x0[:, :, :lo], noisy], dim=2)
     t = torch.zeros(b, hi)
     t[:, lo:] = (sigma * 1000).view(b, 1)
-    v = model.forward_train(x, t, model.cross_attention(embeds))
-    if weight is None:
-        return torch.nn.functional.mse_loss(v[:, :, lo:hi].float(), eps - x0[:, :, lo:hi])
-    w = weight[:, :, lo:hi]
-    err = (v[:, :, lo:hi].float() - (eps - x0[:, :, lo:hi])).square()
-    return (err * w).mean() / w.mean()
+    v = model.forward_train(x, t, model.cross_attention(embeds))[:, :, lo:hi].float()
+    target = eps - x0[:, :, lo:hi]
+    w = torch.ones(()) if weight is None else weight[:, :, lo:hi]
+    loss = ((v - target).square() * w).mean() / w.mean()
+    if contrast:
+        partner = torch.arange(b).view(-1, 2).flip(1).reshape(-1)
+        loss = loss - contrast * ((v - target[partner]).square() * w).mean() / w.mean()
+    return loss
 
 
 def _lr(step: int, s: DiTTrainSettings) -> float:
@@ -164,13 +188,15 @@ def train_dit(role: str, spec: DiTSpec, settings: DiTTrainSettings, vae: PatchVA
     pool = train_captions()  # the held-out third of the captions is never drawn
     while step < settings.steps:
         gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-        clips, scenes = render_batch(gen, settings.batch, CLIP_FRAMES, pool=pool)
+        clips, scenes = (render_shape_pairs(gen, settings.batch // 2, CLIP_FRAMES, pool=pool) if settings.shape_pairs
+                         else render_batch(gen, settings.batch, CLIP_FRAMES, pool=pool))
         x0 = encode_clips(vae, clips)
         for g in opt.param_groups:
             g["lr"] = _lr(step, settings)
         weight = (object_weight_map(scenes, settings.object_weight, edge=settings.edge_weight)
                   if settings.object_weight or settings.edge_weight else None)
-        loss = flow_loss(model, x0, bank([s.caption for s in scenes]), _context_blocks(gen), gen, weight)
+        loss = flow_loss(model, x0, bank([s.caption for s in scenes]), _context_blocks(gen), gen, weight,
+                         pairs=settings.shape_pairs, contrast=settings.shape_contrast)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -201,4 +201,27 @@ def render_batch(gen: torch.Generator, batch: int, frames: int = CLIP_FRAMES, *,
         captions = [pool[int(torch.randint(len(pool), (), generator=gen))] for _ in range(batch)]
     scenes = [sample_scene(gen, frames=frames, caption=None if captions is None else captions[i])
               for i in range(batch)]
+    return torch.stack([render(s, frames, size=size) for s in scenes]), scenes
+
+
+def shape_partner(caption: str) -> str:
+    """The one other training caption that differs from a training ``caption`` only in its shape (of the three
+    shapes with one colour, direction and background, exactly one is held out)."""
+    if is_held_out(caption):
+        raise ConfigError(f"{caption!r} is a held-out caption; shape partners are training captions.")
+    a = parse_caption(caption)
+    return next(c for c in (caption_of(a["colour"], s, a["direction"], a["background"]) for s in SHAPES)
+                if c != caption and not is_held_out(c))
+
+
+def render_shape_pairs(gen: torch.Generator, pairs: int, frames: int = CLIP_FRAMES, *, size: int = SIZE,
+                       pool: list[str] | None = None) -> tuple[torch.Tensor, list[Scene]]:
+    """``[2·pairs, frames, size, size, 3]`` clips in pairs (0, 1), (2, 3), …: one scene drawn from ``pool`` (default
+    the training captions) and the same scene — place, size, speed, colour, background, motion — in its
+    :func:`shape_partner`'s shape. Within a pair only the shape and its word differ."""
+    pool = pool if pool is not None else train_captions()
+    scenes: list[Scene] = []
+    for _ in range(pairs):
+        scene = sample_scene(gen, frames=frames, caption=pool[int(torch.randint(len(pool), (), generator=gen))])
+        scenes += [scene, replace(scene, shape=parse_caption(shape_partner(scene.caption))["shape"])]
     return torch.stack([render(s, frames, size=size) for s in scenes]), scenes
