@@ -4,6 +4,7 @@ settings from the command line).
     python bench/toy_finetune_target.py --base sdvg/toy/models/diffusion_models/sdvg_toy_target.safetensors \\
         --out out/ft --object-weight 8 --steps 3000 --seed 22
     python bench/toy_finetune_target.py --base ... --out out/ft_pairs --object-weight 8 --shape-pairs --shape-contrast 0.3
+    python bench/toy_finetune_target.py --base ... --out out/ft_deep --object-weight 8 --shape-pairs --layers 6
 
 ``--out`` becomes a models tree (the committed tree's other files copied in, without a target); the fine-tune's
 state lives in ``<out>_work`` (rerun the same command to resume it exactly), its EMA is exported to
@@ -17,6 +18,7 @@ import argparse
 import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, no install needed
@@ -36,6 +38,9 @@ def main(argv=None) -> int:
                    help="batches of scene pairs that differ only in shape, sharing noise and sigma")
     p.add_argument("--shape-contrast", type=float, default=0.0,
                    help="lambda in [0, 1): minus lambda x the error against the pair's other shape (needs --shape-pairs)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="deepen the base to this many layers first (appended blocks with zero output projections: "
+                   "the same function at step 0)")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     import torch
@@ -50,16 +55,32 @@ def main(argv=None) -> int:
     if not out.exists():
         shutil.copytree(TOY_DIR, out, ignore=shutil.ignore_patterns(Path(FILES["target"]).name))
     work.mkdir(parents=True, exist_ok=True)
+    spec = ToyTrainConfig().target
+    if a.layers is not None:
+        spec = replace(spec, layers=a.layers)
     if not (work / BASE_TARGET).exists():
-        shutil.copyfile(a.base, work / BASE_TARGET)
+        _write_base(a.base, work / BASE_TARGET, spec, a.seed)
     settings = DiTTrainSettings(steps=a.steps, batch=a.batch, lr=a.lr, warmup=100, seed=a.seed,
                                 object_weight=a.object_weight, edge_weight=a.edge_weight,
                                 shape_pairs=a.shape_pairs, shape_contrast=a.shape_contrast)
     command = "python bench/toy_finetune_target.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    paths = train_toy(out, work, config=ToyTrainConfig(target_finetune=settings), stages=("target_ft",),
+    paths = train_toy(out, work, config=ToyTrainConfig(target=spec, target_finetune=settings), stages=("target_ft",),
                       progress=_progress, command=command)
     sys.stdout.write(json.dumps({"target": str(paths["target"])}) + "\n")
     return 0
+
+
+def _write_base(base: str, dest: Path, spec, seed: int) -> None:
+    """The fine-tune's starting file: ``base`` as it is, or deepened to ``spec.layers`` (Krea's layout)."""
+    from sdvg.fixtures.tiny import write_krea_safetensors
+    from sdvg.loaders.wan import load_dit
+    from sdvg.toy.dit_train import deepened, original_state_dict
+
+    model = load_dit(base, dtype="fp32", device="cpu")
+    if len(model.blocks) == spec.layers:
+        shutil.copyfile(base, dest)
+        return
+    write_krea_safetensors(dest, original_state_dict(deepened(model, spec, seed)), spec.heads)
 
 
 def _progress(event: dict) -> None:

@@ -347,6 +347,28 @@ def test_paired_flow_loss_shares_noise_within_a_pair_and_the_contrast_subtracts_
             DiTTrainSettings(**bad)
 
 
+def test_a_deepened_dit_computes_what_its_base_does_and_its_new_blocks_train():
+    """``deepened``: the base's blocks copied, the appended ones with zero output projections — the same predictions
+    to the bit at step 0 — and a gradient on those projections, so training can move them; fewer layers than the
+    base is a ConfigError."""
+    from sdvg.toy.dit_train import DiTSpec, build_dit, deepened
+
+    spec = DiTSpec(heads=1, head_dim=32, ffn=64, layers=2, patch=1)
+    base = build_dit(spec, 0).eval()
+    deep = deepened(base, DiTSpec(heads=1, head_dim=32, ffn=64, layers=3, patch=1), 1)
+    assert len(deep.blocks) == 3 and float(deep.blocks[2].ffn.net[2].weight.detach().abs().sum()) == 0.0
+    assert float(deep.blocks[2].attn1.to_q.weight.detach().abs().sum()) > 0  # a fresh block, not a zero one
+    x, t, e = torch.randn(1, 16, 3, 8, 8), torch.full((1, 3), 400.0), torch.randn(1, 8, 64)
+    with torch.no_grad():
+        want = base.forward_train(x, t, base.cross_attention(e))
+    got = deep.forward_train(x, t, deep.cross_attention(e))
+    assert torch.equal(got, want)
+    got.square().mean().backward()
+    assert float(deep.blocks[2].ffn.net[2].weight.grad.abs().sum()) > 0
+    with pytest.raises(ConfigError, match="at least the base's 2 layers"):
+        deepened(base, DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=1), 1)
+
+
 def test_the_object_weighted_flow_loss_weighs_the_object_cells_and_reduces_to_the_plain_loss():
     """``object_weight`` k: weights 1 + k·cover on the latent grid — exactly 1 where the object never is, above 1
     where it is, the first latent frame from pixel frame 0 alone — and a uniform weight gives the plain MSE."""

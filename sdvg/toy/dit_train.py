@@ -83,6 +83,26 @@ def build_dit(spec: DiTSpec, seed: int) -> CausalWanTransformer:
     return model.float().train()
 
 
+def deepened(base: CausalWanTransformer, spec: DiTSpec, seed: int) -> CausalWanTransformer:
+    """``base`` with blocks appended up to ``spec.layers``: each new block is a fresh one (``seed``) whose three output
+    projections (self-attention, cross-attention, FFN) are zero, so it adds nothing to the residual stream and the
+    deeper model computes exactly what ``base`` does until training moves those projections off zero."""
+    model = build_dit(spec, seed)
+    have = len(base.blocks)
+    if spec.layers < have:
+        raise ConfigError(f"Deepening needs at least the base's {have} layers, got {spec.layers}.")
+    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("blocks.") or int(k.split(".")[1]) < have for k in missing):
+        raise ConfigError(f"The base DiT does not match {spec} but for its depth (unexpected {unexpected[:3]}, "
+                          f"missing {[k for k in missing if int(k.split('.')[1]) < have][:3] if missing else []}).")
+    with torch.no_grad():
+        for blk in model.blocks[have:]:
+            for out in (blk.attn1.to_out[0], blk.attn2.to_out[0], blk.ffn.net[2]):
+                out.weight.zero_()
+                out.bias.zero_()
+    return model
+
+
 def encode_clips(vae: PatchVAE, clips: torch.Tensor) -> torch.Tensor:
     """``[B, 33, H, W, 3]`` → normalized latents ``[B, 16, 9, h, w]``."""
     return torch.cat([vae.encode_video(c) for c in clips])
