@@ -367,6 +367,8 @@ def test_a_deepened_dit_computes_what_its_base_does_and_its_new_blocks_train():
     assert float(deep.blocks[2].ffn.net[2].weight.grad.abs().sum()) > 0
     with pytest.raises(ConfigError, match="at least the base's 2 layers"):
         deepened(base, DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=1), 1)
+    with pytest.raises(ConfigError, match="more than its depth"):
+        deepened(base, DiTSpec(heads=1, head_dim=32, ffn=128, layers=3, patch=1), 1)
 
 
 def test_the_object_weighted_flow_loss_weighs_the_object_cells_and_reduces_to_the_plain_loss():

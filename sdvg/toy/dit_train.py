@@ -91,10 +91,14 @@ def deepened(base: CausalWanTransformer, spec: DiTSpec, seed: int) -> CausalWanT
     have = len(base.blocks)
     if spec.layers < have:
         raise ConfigError(f"Deepening needs at least the base's {have} layers, got {spec.layers}.")
-    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
-    if unexpected or any(not k.startswith("blocks.") or int(k.split(".")[1]) < have for k in missing):
-        raise ConfigError(f"The base DiT does not match {spec} but for its depth (unexpected {unexpected[:3]}, "
-                          f"missing {[k for k in missing if int(k.split('.')[1]) < have][:3] if missing else []}).")
+    try:
+        missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    except RuntimeError as exc:  # a tensor of another shape
+        missing, unexpected = [], [str(exc).splitlines()[-1].strip()]
+    stray = list(unexpected) + [k for k in missing if not k.startswith("blocks.") or int(k.split(".")[1]) < have]
+    if stray:
+        raise ConfigError(f"The base DiT differs from {spec} in more than its depth (e.g. {stray[0]}); deepen a "
+                          "base of the same width, heads and patch.")
     with torch.no_grad():
         for blk in model.blocks[have:]:
             for out in (blk.attn1.to_out[0], blk.attn2.to_out[0], blk.ffn.net[2]):

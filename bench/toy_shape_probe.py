@@ -1,0 +1,135 @@
+"""Where the toy target loses the caption's shape (issue 24, goal 1): three probes of one target file.
+
+    python bench/toy_shape_probe.py                                   # the committed target, default sampling
+    python bench/toy_shape_probe.py --step-noise predicted --schedule "[[1000,900,800,700,600,500,400,300,200,100]]"
+    python bench/toy_shape_probe.py --dit out/ft/diffusion_models/sdvg_toy_target.safetensors --probe words
+
+- ``words``: for ``--captions`` held-out captions, the same seed with each of the three shape words (the other
+  attributes kept): the judge's shape reading per asked shape (a confusion count), its shape accuracy, and how much
+  the shape word changes the video (pixel MSE between shape words) against how much the seed does (same caption,
+  the next seed).
+- ``noised``: renders of held-out captions' scenes (one block, 9 pixel frames) noised to σ and denoised by Euler
+  steps of the flow ODE with the render's own shape word or another: how often the judge reads the asked word's shape
+  and how often the render's shape survives — whether the model *draws* a shape word or only keeps the shape it is
+  shown.
+
+Prints one JSON line. Sampling: target-only, the toy world's settings unless ``--schedule`` / ``--step-noise``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, no install needed
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dit", default=None, help="a toy target file (default: the committed one)")
+    p.add_argument("--probe", choices=("words", "noised", "both"), default="both")
+    p.add_argument("--captions", type=int, default=12, help="held-out captions (spread over all 72)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--schedule", default=None, help="JSON per-block lists (default: the toy schedule)")
+    p.add_argument("--step-noise", default=None, help="fresh | predicted (default: the toy world's)")
+    p.add_argument("--sigmas", default="0.3,0.5,0.7,1.0", help="the noised probe's noise levels")
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    from sdvg.loaders import load_models
+    from sdvg.toy import TOY_DIR
+    from sdvg.toy.world import held_out_captions
+
+    models = load_models(TOY_DIR, target=a.dit, need=("target", "vae", "text_encoder"),
+                         dit_device="cpu", aux_device="cpu", dtype="fp32")
+    caps = held_out_captions(a.captions)
+    report = {"dit": a.dit or "committed", "captions": len(caps), "seed": a.seed}
+    if a.probe in ("words", "both"):
+        report["words"] = words_probe(models, caps, a.seed, a.schedule, a.step_noise)
+    if a.probe in ("noised", "both"):
+        report["noised"] = noised_probe(models, caps, a.seed, [float(s) for s in a.sigmas.split(",")])
+    sys.stdout.write(json.dumps(report) + "\n")
+    return 0
+
+
+def _video(models, caption: str, seed: int, schedule, step_noise) -> torch.Tensor:
+    from sdvg.sampling.router import RouterConfig
+    from sdvg.sampling.sampler import SpeculativeSampler
+    from sdvg.toy.sheet import toy_sampler_config
+
+    cfg = toy_sampler_config(seed=seed, step_noise=step_noise)
+    if schedule is not None:
+        cfg = dataclasses.replace(cfg, schedule=json.loads(schedule)).validate()
+    frames = SpeculativeSampler(models, RouterConfig(mode="target-only"), cfg).run(caption).frames
+    return frames.float() / 255.0 if frames.dtype == torch.uint8 else frames.float()
+
+
+def _variants(caption: str) -> dict[str, str]:
+    from sdvg.toy.world import SHAPES, caption_of, parse_caption
+
+    a = parse_caption(caption)
+    return {s: caption_of(a["colour"], s, a["direction"], a["background"]) for s in SHAPES}
+
+
+def words_probe(models, caps: list[str], seed: int, schedule, step_noise) -> dict:
+    from sdvg.toy.judge import judge
+
+    confusion, right, word_mse, seed_mse = collections.Counter(), [], [], []
+    for caption in caps:
+        vids = {}
+        for shape, asked in _variants(caption).items():
+            vids[shape] = _video(models, asked, seed, schedule, step_noise)
+            got = judge(vids[shape], asked).attributes["shape"]
+            confusion[f"{shape}->{got}"] += 1
+            right.append(got == shape)
+        shapes = list(vids)
+        word_mse += [float((vids[x] - vids[y]).square().mean()) for i, x in enumerate(shapes) for y in shapes[i + 1:]]
+        other = _video(models, _variants(caption)[shapes[0]], seed + 1, schedule, step_noise)
+        seed_mse.append(float((vids[shapes[0]] - other).square().mean()))
+    return {"shape_accuracy": sum(right) / len(right), "videos": len(right), "confusion": dict(sorted(confusion.items())),
+            "mse_between_shape_words": sum(word_mse) / len(word_mse), "mse_between_seeds": sum(seed_mse) / len(seed_mse),
+            "schedule": schedule or "toy", "step_noise": step_noise or "toy"}
+
+
+@torch.no_grad()
+def _ode(dit, x0: torch.Tensor, ctx: torch.Tensor, sigma: float, steps: int, seed: int) -> torch.Tensor:
+    eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
+    x = (1 - sigma) * x0 + sigma * eps
+    levels = torch.linspace(sigma, 0.0, steps + 1)
+    for hi, lo in zip(levels, levels[1:], strict=False):
+        v = dit.forward_train(x, torch.full((1, x.shape[2]), float(hi) * 1000), ctx)
+        x = x + (lo - hi) * v
+    return x
+
+
+def noised_probe(models, caps: list[str], seed: int, sigmas: list[float], steps: int = 6) -> dict:
+    from sdvg.toy.judge import judge
+    from sdvg.toy.world import render, sample_scene
+
+    dit, vae, te = models.target.eval(), models.vae, models.text_encoder
+    gen = torch.Generator().manual_seed(seed)
+    hits = collections.defaultdict(list)
+    for caption in caps:
+        scene = sample_scene(gen, frames=9, caption=caption)
+        x0 = vae.encode_video(render(scene, 9))
+        for sigma in sigmas:
+            for shape, asked in _variants(scene.caption).items():
+                x = _ode(dit, x0, dit.cross_attention(te.encode(asked).float()), sigma, steps, seed)
+                vae.reset()
+                got = judge(vae.decode_block(x), asked).attributes["shape"]
+                own = shape == scene.shape
+                hits[f"{sigma}/asked_own_shape"].append(got == shape) if own else None
+                if not own:
+                    hits[f"{sigma}/asked_other:drew_asked"].append(got == shape)
+                    hits[f"{sigma}/asked_other:kept_render"].append(got == scene.shape)
+    return {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())} | {"ode_steps": steps}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
