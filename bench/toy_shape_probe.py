@@ -12,6 +12,10 @@
   steps of the flow ODE with the render's own shape word or another: how often the judge reads the asked word's shape
   and how often the render's shape survives — whether the model *draws* a shape word or only keeps the shape it is
   shown.
+- ``guided``: one block from noise by 10 ODE steps, the velocity pushed away from the other two shape words'
+  (v + w·(v − mean of v for the other shape words), w in ``--weights``; a probe of whether the model's shape-word
+  dependence points at the asked shape, not a sampler option: the engine samples without guidance, as Krea and
+  Self-Forcing do).
 
 Prints one JSON line. Sampling: target-only, the toy world's settings unless ``--schedule`` / ``--step-noise``.
 """
@@ -33,12 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dit", default=None, help="a toy target file (default: the committed one)")
-    p.add_argument("--probe", choices=("words", "noised", "both"), default="both")
+    p.add_argument("--probe", choices=("words", "noised", "guided", "both"), default="both",
+                   help="both: words and noised")
     p.add_argument("--captions", type=int, default=12, help="held-out captions (spread over all 72)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--schedule", default=None, help="JSON per-block lists (default: the toy schedule)")
     p.add_argument("--step-noise", default=None, help="fresh | predicted (default: the toy world's)")
     p.add_argument("--sigmas", default="0.3,0.5,0.7,1.0", help="the noised probe's noise levels")
+    p.add_argument("--weights", default="0,2,5", help="the guided probe's weights w")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -54,6 +60,8 @@ def main(argv=None) -> int:
         report["words"] = words_probe(models, caps, a.seed, a.schedule, a.step_noise)
     if a.probe in ("noised", "both"):
         report["noised"] = noised_probe(models, caps, a.seed, [float(s) for s in a.sigmas.split(",")])
+    if a.probe == "guided":
+        report["guided"] = {w: guided_probe(models, caps, a.seed, float(w)) for w in a.weights.split(",")}
     sys.stdout.write(json.dumps(report) + "\n")
     return 0
 
@@ -129,6 +137,42 @@ def noised_probe(models, caps: list[str], seed: int, sigmas: list[float], steps:
                     hits[f"{sigma}/asked_other:drew_asked"].append(got == shape)
                     hits[f"{sigma}/asked_other:kept_render"].append(got == scene.shape)
     return {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())} | {"ode_steps": steps}
+
+
+GUIDED_STEPS = (1000, 900, 800, 700, 600, 500, 400, 300, 200, 100, 0)
+
+
+@torch.no_grad()
+def _guided_block(dit, pos: torch.Tensor, negs: list[torch.Tensor], w: float, seed: int) -> torch.Tensor:
+    x = torch.randn(1, 16, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+    for hi, lo in zip(GUIDED_STEPS, GUIDED_STEPS[1:], strict=False):
+        t = torch.full((1, 3), float(hi))
+        v = dit.forward_train(x, t, pos)
+        if w:
+            v = v + w * (v - sum(dit.forward_train(x, t, n) for n in negs) / len(negs))
+        x = x + (lo - hi) / 1000 * v
+    return x
+
+
+def guided_probe(models, caps: list[str], seed: int, w: float) -> dict:
+    from sdvg.toy.judge import judge
+
+    dit, vae, te = models.target.eval(), models.vae, models.text_encoder
+    ctx = {}
+    confusion, right, valid = collections.Counter(), [], []
+    for caption in caps:
+        variants = _variants(caption)
+        for asked in variants.values():
+            ctx.setdefault(asked, dit.cross_attention(te.encode(asked).float()))
+        for shape, asked in variants.items():
+            negs = [ctx[c] for s, c in variants.items() if s != shape]
+            vae.reset()
+            verdict = judge(vae.decode_block(_guided_block(dit, ctx[asked], negs, w, seed)), asked)
+            confusion[f"{shape}->{verdict.attributes['shape']}"] += 1
+            right.append(verdict.attributes["shape"] == shape)
+            valid.append(verdict.valid)
+    return {"shape_accuracy": sum(right) / len(right), "valid": sum(valid) / len(valid),
+            "confusion": dict(sorted(confusion.items()))}
 
 
 if __name__ == "__main__":
