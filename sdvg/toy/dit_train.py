@@ -153,7 +153,7 @@ def flow_loss(model: CausalWanTransformer, x0: torch.Tensor, embeds: torch.Tenso
     x0 = x0[:, :, :hi]
     draws = b // 2 if pairs else b
     sigma = torch.rand(draws, generator=gen)
-    eps = torch.randn((draws, *x0.shape[1:2], 3, *x0.shape[3:]), generator=gen)
+    eps = torch.randn((draws, x0.shape[1], hi - lo, *x0.shape[3:]), generator=gen)
     if pairs:
         sigma, eps = sigma.repeat_interleave(2), eps.repeat_interleave(2, dim=0)
     s = sigma.view(b, 1, 1, 1, 1)
