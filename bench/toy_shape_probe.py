@@ -106,13 +106,15 @@ def words_probe(models, caps: list[str], seed: int, schedule, step_noise) -> dic
 
 
 @torch.no_grad()
-def _ode(dit, x0: torch.Tensor, ctx: torch.Tensor, sigma: float, steps: int, seed: int) -> torch.Tensor:
-    eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
-    x = (1 - sigma) * x0 + sigma * eps
-    levels = torch.linspace(sigma, 0.0, steps + 1)
-    for hi, lo in zip(levels, levels[1:], strict=False):
-        v = dit.forward_train(x, torch.full((1, x.shape[2]), float(hi) * 1000), ctx)
-        x = x + (lo - hi) * v
+def _euler(dit, x: torch.Tensor, ctx: torch.Tensor, sigmas, negs: tuple = (), w: float = 0.0) -> torch.Tensor:
+    """Euler steps of the flow ODE from ``x`` through the noise levels ``sigmas`` (0..1, falling); with ``w`` the
+    velocity is pushed away from the mean velocity under the contexts ``negs``: v + w·(v − v_negs)."""
+    for hi, lo in zip(sigmas, sigmas[1:], strict=False):
+        t = torch.full((1, x.shape[2]), float(hi) * 1000)
+        v = dit.forward_train(x, t, ctx)
+        if w:
+            v = v + w * (v - sum(dit.forward_train(x, t, n) for n in negs) / len(negs))
+        x = x + (float(lo) - float(hi)) * v
     return x
 
 
@@ -128,30 +130,20 @@ def noised_probe(models, caps: list[str], seed: int, sigmas: list[float], steps:
         x0 = vae.encode_video(render(scene, 9))
         for sigma in sigmas:
             for shape, asked in _variants(scene.caption).items():
-                x = _ode(dit, x0, dit.cross_attention(te.encode(asked).float()), sigma, steps, seed)
+                eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
+                x = _euler(dit, (1 - sigma) * x0 + sigma * eps, dit.cross_attention(te.encode(asked).float()),
+                           torch.linspace(sigma, 0.0, steps + 1).tolist())
                 vae.reset()
                 got = judge(vae.decode_block(x), asked).attributes["shape"]
-                own = shape == scene.shape
-                hits[f"{sigma}/asked_own_shape"].append(got == shape) if own else None
-                if not own:
+                if shape == scene.shape:
+                    hits[f"{sigma}/asked_own_shape"].append(got == shape)
+                else:
                     hits[f"{sigma}/asked_other:drew_asked"].append(got == shape)
                     hits[f"{sigma}/asked_other:kept_render"].append(got == scene.shape)
     return {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())} | {"ode_steps": steps}
 
 
-GUIDED_STEPS = (1000, 900, 800, 700, 600, 500, 400, 300, 200, 100, 0)
-
-
-@torch.no_grad()
-def _guided_block(dit, pos: torch.Tensor, negs: list[torch.Tensor], w: float, seed: int) -> torch.Tensor:
-    x = torch.randn(1, 16, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
-    for hi, lo in zip(GUIDED_STEPS, GUIDED_STEPS[1:], strict=False):
-        t = torch.full((1, 3), float(hi))
-        v = dit.forward_train(x, t, pos)
-        if w:
-            v = v + w * (v - sum(dit.forward_train(x, t, n) for n in negs) / len(negs))
-        x = x + (lo - hi) / 1000 * v
-    return x
+GUIDED_SIGMAS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)  # 10 ODE steps from pure noise
 
 
 def guided_probe(models, caps: list[str], seed: int, w: float) -> dict:
@@ -167,7 +159,8 @@ def guided_probe(models, caps: list[str], seed: int, w: float) -> dict:
         for shape, asked in variants.items():
             negs = [ctx[c] for s, c in variants.items() if s != shape]
             vae.reset()
-            verdict = judge(vae.decode_block(_guided_block(dit, ctx[asked], negs, w, seed)), asked)
+            x = torch.randn(1, 16, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+            verdict = judge(vae.decode_block(_euler(dit, x, ctx[asked], GUIDED_SIGMAS, negs, w)), asked)
             confusion[f"{shape}->{verdict.attributes['shape']}"] += 1
             right.append(verdict.attributes["shape"] == shape)
             valid.append(verdict.valid)
