@@ -19,7 +19,7 @@ fitted on renders) and its centre. Per video:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
@@ -84,9 +84,7 @@ def _shape_centroids() -> tuple[torch.Tensor, torch.Tensor]:
     for shape in SHAPES:
         feats = []
         for _ in range(60):
-            scene = sample_scene(gen)
-            scene = type(scene)(shape, scene.colour, scene.background, scene.direction, scene.x, scene.y,
-                                scene.radius, scene.speed)
+            scene = replace(sample_scene(gen), shape=shape)
             frame = render(scene, 1)[0]
             f = _features(_object_mask(frame, _BG[BG_NAMES.index(scene.background)]))
             if f is not None:
