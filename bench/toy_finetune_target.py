@@ -5,6 +5,7 @@ settings from the command line).
         --out out/ft --object-weight 8 --steps 3000 --seed 22
     python bench/toy_finetune_target.py --base ... --out out/ft_pairs --object-weight 8 --shape-pairs --shape-contrast 0.3
     python bench/toy_finetune_target.py --base ... --out out/ft_deep --object-weight 8 --shape-pairs --layers 6
+    python bench/toy_finetune_target.py --base ... --out out/ft_white --object-weight 8 --vae out/white_vae.safetensors
 
 ``--out`` becomes a models tree (the committed tree's other files copied in, without a target); the fine-tune's
 state lives in ``<out>_work`` (rerun the same command to resume it exactly), its EMA is exported to
@@ -41,6 +42,10 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=None,
                    help="deepen the base to this many layers first (appended blocks with zero output projections: "
                    "the same function at step 0)")
+    p.add_argument("--vae", default=None,
+                   help="train in this patch latent file's units (bench/toy_whiten_vae.py): it replaces the tree's "
+                   "VAE and the base is rescaled to it from --base-vae's units (dit_train.rescaled_channels)")
+    p.add_argument("--base-vae", default=None, help="the VAE the base was trained with (default: the committed one)")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     import torch
@@ -54,12 +59,15 @@ def main(argv=None) -> int:
     work = default_work_dir(out)
     if not out.exists():
         shutil.copytree(TOY_DIR, out, ignore=shutil.ignore_patterns(Path(FILES["target"]).name))
+        if a.vae:
+            shutil.copyfile(a.vae, out / FILES["vae"])
     work.mkdir(parents=True, exist_ok=True)
     spec = ToyTrainConfig().target
     if a.layers is not None:
         spec = replace(spec, layers=a.layers)
     if not (work / BASE_TARGET).exists():
-        _write_base(a.base, work / BASE_TARGET, spec, a.seed)
+        ratio = _channel_ratio(a.base_vae or TOY_DIR / FILES["vae"], a.vae) if a.vae else None
+        _write_base(a.base, work / BASE_TARGET, spec, a.seed, ratio)
     settings = DiTTrainSettings(steps=a.steps, batch=a.batch, lr=a.lr, warmup=100, seed=a.seed,
                                 object_weight=a.object_weight, edge_weight=a.edge_weight,
                                 shape_pairs=a.shape_pairs, shape_contrast=a.shape_contrast)
@@ -70,17 +78,34 @@ def main(argv=None) -> int:
     return 0
 
 
-def _write_base(base: str, dest: Path, spec, seed: int) -> None:
-    """The fine-tune's starting file: ``base`` as it is, or deepened to ``spec.layers`` (Krea's layout)."""
+def _write_base(base: str, dest: Path, spec, seed: int, ratio=None) -> None:
+    """The fine-tune's starting file: ``base`` as it is, deepened to ``spec.layers`` and/or rescaled to new latent
+    units by ``ratio`` (Krea's layout)."""
     from sdvg.fixtures.tiny import write_krea_safetensors
     from sdvg.loaders.wan import load_dit
-    from sdvg.toy.dit_train import deepened, original_state_dict
+    from sdvg.toy.dit_train import deepened, original_state_dict, rescaled_channels
 
     model = load_dit(base, dtype="fp32", device="cpu")
-    if len(model.blocks) == spec.layers:
+    if len(model.blocks) == spec.layers and ratio is None:
         shutil.copyfile(base, dest)
         return
-    write_krea_safetensors(dest, original_state_dict(deepened(model, spec, seed)), spec.heads)
+    if len(model.blocks) != spec.layers:
+        model = deepened(model, spec, seed)
+    if ratio is not None:
+        model = rescaled_channels(model, ratio)
+    write_krea_safetensors(dest, original_state_dict(model), spec.heads)
+
+
+def _channel_ratio(old_vae, new_vae):
+    """New ``latents_std`` / old, per channel (the two patch latent files share their bases)."""
+    import torch
+
+    from sdvg.loaders.patch_vae import load_patch_vae
+
+    old, new = (load_patch_vae(v, device="cpu").model for v in (old_vae, new_vae))
+    if not torch.equal(old.group_basis, new.group_basis) or not torch.equal(old.first_basis, new.first_basis):
+        raise SystemExit(f"{new_vae} and {old_vae} have different bases: a DiT cannot be carried between them.")
+    return (new.latents_std / old.latents_std).detach()
 
 
 def _progress(event: dict) -> None:

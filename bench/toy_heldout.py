@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--step-noise", default=None, help="fresh | predicted (default: the toy world's, TOY_STEP_NOISE)")
     p.add_argument("--against-step-noise", default=None, help="--against's step noise (default: --step-noise): the "
                    "same DiT against itself measures a sampler setting, paired")
+    p.add_argument("--against-models", default=None, help="--against's models tree (default: --models), for a DiT "
+                   "trained with another VAE normalisation")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -45,11 +47,12 @@ def main(argv=None) -> int:
     caps = held_out_captions(a.captions)
     seeds = [int(s) for s in a.seeds.split(",")]
     items = _per_caption(a.dit, a.models or TOY_DIR, caps, seeds, a.step_noise)
-    report = {"dit": a.dit, "captions": len(caps), "seeds": a.seeds, "step_noise": a.step_noise, **_summary(items)}
+    report = {"dit": a.dit, "models": str(a.models or TOY_DIR), "captions": len(caps), "seeds": a.seeds, "step_noise": a.step_noise, **_summary(items)}
     if a.against:
         noise = a.against_step_noise or a.step_noise
-        base = _per_caption(a.against, a.models or TOY_DIR, caps, seeds, noise)
-        report["against"] = {"dit": a.against, "step_noise": noise, **_summary(base)}
+        tree = a.against_models or a.models or TOY_DIR
+        base = _per_caption(a.against, tree, caps, seeds, noise)
+        report["against"] = {"dit": a.against, "models": str(tree), "step_noise": noise, **_summary(base)}
         diffs = [{k: it[k] - b[k] for k in it} for it, b in zip(items, base, strict=True)]
         report["paired_difference"] = _summary(diffs)
     sys.stdout.write(json.dumps(report) + "\n")

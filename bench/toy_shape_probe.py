@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--step-noise", default=None, help="fresh | predicted (default: the toy world's)")
     p.add_argument("--sigmas", default="0.3,0.5,0.7,1.0", help="the noised probe's noise levels")
     p.add_argument("--weights", default="0,2,5", help="the guided probe's weights w")
+    p.add_argument("--models", default=None, help="models tree for VAE and text encoder (default: the committed one)")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
     from sdvg.toy import TOY_DIR
     from sdvg.toy.world import held_out_captions
 
-    models = load_models(TOY_DIR, target=a.dit, need=("target", "vae", "text_encoder"),
+    models = load_models(a.models or TOY_DIR, target=a.dit, need=("target", "vae", "text_encoder"),
                          dit_device="cpu", aux_device="cpu", dtype="fp32")
     caps = held_out_captions(a.captions)
     report = {"dit": a.dit or "committed", "captions": len(caps), "seed": a.seed}

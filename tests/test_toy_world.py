@@ -371,6 +371,54 @@ def test_a_deepened_dit_computes_what_its_base_does_and_its_new_blocks_train():
         deepened(base, DiTSpec(heads=1, head_dim=32, ffn=128, layers=3, patch=1), 1)
 
 
+def test_per_channel_latent_statistics_give_every_channel_unit_variance_and_the_same_pixels():
+    """``fit_patch_bases(per_channel=True)``: the same bases and pixels as the global scale, each channel of the fit
+    clips' latents at unit variance (the global one leaves the first component several times the last), and
+    ``channel_variances`` equal to the variance of the raw latents it is computed from."""
+    from sdvg.models.patch_vae import channel_variances
+
+    clips, _ = render_batch(torch.Generator().manual_seed(0), 24)
+    flat, white = fit_patch_bases(clips), fit_patch_bases(clips, per_channel=True)
+    for k in ("first.basis", "group.basis", "first.mean", "group.mean"):
+        assert torch.equal(flat[k], white[k])
+    v_flat, v_white = PatchVAE(PatchLatentModel(flat)), PatchVAE(PatchLatentModel(white))
+    z_flat = torch.cat([v_flat.encode_video(c) for c in clips], 2)
+    z_white = torch.cat([v_white.encode_video(c) for c in clips], 2)
+    std_white = z_white.transpose(0, 1).reshape(16, -1).std(1)
+    torch.testing.assert_close(std_white, torch.ones(16), atol=2e-3, rtol=0)
+    std_flat = z_flat.transpose(0, 1).reshape(16, -1).std(1)
+    assert float(std_flat[0] / std_flat[-1]) > 5
+    raw = v_flat.denormalize(z_flat)
+    torch.testing.assert_close(channel_variances(flat, clips), raw.transpose(0, 1).reshape(16, -1).var(1), rtol=1e-4,
+                               atol=1e-6)
+    torch.testing.assert_close(v_white.decode_block(z_white[:, :, :3]), v_flat.decode_block(z_flat[:, :, :3]), atol=1e-4,
+                               rtol=0)
+
+
+def test_a_rescaled_dit_predicts_in_the_new_channel_units():
+    """``rescaled_channels(model, r)``: fed the clean latent in the new units (x / r) it predicts the old model's
+    output in the new units (out / r), channel by channel; a ratio of the wrong size, a non-positive one or a patch
+    other than 1x1x1 is a ConfigError."""
+    from sdvg.toy.dit_train import DiTSpec, build_dit, rescaled_channels
+
+    spec = DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=1)
+    old = build_dit(spec, 0).eval()
+    ratio = torch.linspace(0.25, 4.0, 16)
+    new = rescaled_channels(build_dit(spec, 0).eval(), ratio)
+    x, t, e = torch.randn(1, 16, 3, 8, 8), torch.full((1, 3), 400.0), torch.randn(1, 8, 64)
+    r = ratio.view(1, 16, 1, 1, 1)
+    with torch.no_grad():
+        want = old.forward_train(x, t, old.cross_attention(e))
+        got = new.forward_train(x / r, t, new.cross_attention(e))
+    torch.testing.assert_close(got * r, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="16 positive channel ratios"):
+        rescaled_channels(old, torch.ones(8))
+    with pytest.raises(ConfigError, match="16 positive channel ratios"):
+        rescaled_channels(old, torch.zeros(16))
+    with pytest.raises(ConfigError, match="patch-1x1x1"):
+        rescaled_channels(build_dit(DiTSpec(heads=1, head_dim=32, ffn=64, layers=1, patch=2), 0), torch.ones(16))
+
+
 def test_the_object_weighted_flow_loss_weighs_the_object_cells_and_reduces_to_the_plain_loss():
     """``object_weight`` k: weights 1 + k·cover on the latent grid — exactly 1 where the object never is, above 1
     where it is, the first latent frame from pixel frame 0 alone — and a uniform weight gives the plain MSE."""
@@ -509,7 +557,7 @@ def test_heldout_bench_pairs_a_dit_against_itself_to_exactly_zero(capsys, bench_
     dit = str(TOY_DIR / "diffusion_models" / "sdvg_toy_target.safetensors")
     assert mod.main(["--dit", dit, "--against", dit, "--captions", "1", "--seeds", "0"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert {k: v for k, v in report["against"].items() if k not in ("dit", "step_noise")} == \
+    assert {k: v for k, v in report["against"].items() if k not in ("dit", "models", "step_noise")} == \
         {k: report[k] for k in report["paired_difference"]}
     assert all(v == [0.0, 0.0, 0.0] for v in report["paired_difference"].values())
     assert 0.0 <= report["judge"][0] <= 1.0
@@ -538,6 +586,44 @@ def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path
     assert (settings["steps"], settings["seed"], settings["object_weight"], settings["edge_weight"]) == (1, 5, 4.0, 2.0)
     a, b = load_dit(base, dtype="fp32", device="cpu").state_dict(), load_dit(new, dtype="fp32", device="cpu").state_dict()
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_whitened_vae_carries_the_target_over_to_per_channel_units(tmp_path, bench_script):
+    """bench/toy_whiten_vae.py keeps the committed bases and sets one std per channel (measured, so the first
+    component's is the largest); toy_finetune_target.py --vae puts that file in the new tree and starts from the
+    committed target rescaled by new std / old std (``rescaled_channels``); a VAE with other bases is refused."""
+    from safetensors.torch import load_file
+
+    from sdvg.fixtures.tiny import write_krea_safetensors
+    from sdvg.loaders.patch_vae import write_patch_vae
+    from sdvg.loaders.wan import load_dit
+    from sdvg.toy import TOY_DIR
+    from sdvg.toy.dit_train import original_state_dict, rescaled_channels
+    from sdvg.toy.train import BASE_TARGET, FILES
+
+    old_vae = TOY_DIR / FILES["vae"]
+    white = tmp_path / "white.safetensors"
+    assert bench_script("toy_whiten_vae").main(["--out", str(white), "--clips", "8"]) == 0
+    old, new = load_file(str(old_vae)), load_file(str(white))
+    assert all(torch.equal(old[k], new[k]) for k in ("first.basis", "group.basis", "first.mean", "group.mean"))
+    std = new["latents_std"]
+    assert int(std.argmax()) == 0 and float(std[0] / std[-1]) > 5 and len(set(old["latents_std"].tolist())) == 1
+
+    base = TOY_DIR / FILES["target"]
+    out = tmp_path / "ft"
+    mod = bench_script("toy_finetune_target")
+    assert mod.main(["--base", str(base), "--out", str(out), "--steps", "1", "--batch", "1", "--vae", str(white)]) == 0
+    assert (out / FILES["vae"]).read_bytes() == white.read_bytes()
+    want = tmp_path / "want.safetensors"
+    write_krea_safetensors(want, original_state_dict(rescaled_channels(load_dit(base, dtype="fp32", device="cpu"),
+                                                                       std / old["latents_std"])), 2)
+    started = load_dit(tmp_path / "ft_work" / BASE_TARGET, dtype="fp32", device="cpu").state_dict()
+    assert all(torch.equal(v, started[k]) for k, v in load_dit(want, dtype="fp32", device="cpu").state_dict().items())
+    other = dict(new, **{"group.basis": new["group.basis"].flip(0)})
+    write_patch_vae(other, tmp_path / "other.safetensors")
+    with pytest.raises(SystemExit, match="different bases"):
+        mod.main(["--base", str(base), "--out", str(tmp_path / "ft2"), "--steps", "1", "--vae",
+                  str(tmp_path / "other.safetensors")])
 
 
 def test_toy_train_merges_its_stages_into_a_tree_stamp(tmp_path):

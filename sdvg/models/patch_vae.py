@@ -135,12 +135,13 @@ class PatchVAE(StreamingVAE):
 # fitting (used by the toy world's training; ``loaders.patch_vae.write_patch_vae`` writes the file)
 
 
-def fit_patch_bases(clips: torch.Tensor) -> dict[str, torch.Tensor]:
+def fit_patch_bases(clips: torch.Tensor, *, per_channel: bool = False) -> dict[str, torch.Tensor]:
     """PCA bases from clips ``[B, 1 + 4k, H, W, 3]`` in [0, 1]. The latents are scaled by one global factor (unit
-    mean variance), so the DiTs' latent MSE is the pixel MSE of the kept part."""
+    mean variance), so the DiTs' latent MSE is the pixel MSE of the kept part; ``per_channel``: each channel to unit
+    variance instead (Wan's per-channel ``latents_std``), so every component weighs the same in the DiTs' loss and
+    keeps its signal-to-noise ratio at a given noise level."""
     x = clips.float() * 2 - 1
-    first = torch.cat([to_patches(c[:1]) for c in x])
-    groups = torch.cat([to_patches(c[i:i + GROUP]) for c in x for i in range(1, c.shape[0], GROUP)])
+    first, groups = _first_and_group_patches(x)
     out: dict[str, torch.Tensor] = {}
     var = []
     for name, data in (("first", first), ("group", groups)):
@@ -150,7 +151,27 @@ def fit_patch_bases(clips: torch.Tensor) -> dict[str, torch.Tensor]:
         out[f"{name}.basis"] = vh[:Z].float().contiguous()
         out[f"{name}.mean"] = mean.float()
         var.append((s[:Z] ** 2 / (data.shape[0] - 1)).float())
-    scale = torch.cat(var).mean().sqrt()
     out["latents_mean"] = torch.zeros(Z)
-    out["latents_std"] = torch.full((Z,), float(scale))
+    if per_channel:
+        out["latents_std"] = channel_variances(out, clips).sqrt()
+    else:
+        out["latents_std"] = torch.full((Z,), float(torch.cat(var).mean().sqrt()))
     return out
+
+
+def channel_variances(tensors: dict[str, torch.Tensor], clips: torch.Tensor) -> torch.Tensor:
+    """``[16]``: each raw latent channel's variance over every latent frame of ``clips`` (first frames and 4-frame
+    groups pooled, each latent frame counted once) under the bases in ``tensors``."""
+    first, groups = _first_and_group_patches(clips.float() * 2 - 1)
+    sq = torch.zeros(Z, dtype=torch.float64)
+    for name, data in (("first", first), ("group", groups)):
+        z = (data.double() - tensors[f"{name}.mean"].double()) @ tensors[f"{name}.basis"].double().T
+        sq += z.pow(2).sum(0)
+    return (sq / (first.shape[0] + groups.shape[0] - 1)).float()
+
+
+def _first_and_group_patches(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The patch vectors of every clip's first frame and of its 4-frame groups (``x`` in [-1, 1])."""
+    first = torch.cat([to_patches(c[:1]) for c in x])
+    groups = torch.cat([to_patches(c[i:i + GROUP]) for c in x for i in range(1, c.shape[0], GROUP)])
+    return first, groups

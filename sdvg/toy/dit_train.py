@@ -107,6 +107,24 @@ def deepened(base: CausalWanTransformer, spec: DiTSpec, seed: int) -> CausalWanT
     return model
 
 
+def rescaled_channels(model: CausalWanTransformer, ratio: torch.Tensor) -> CausalWanTransformer:
+    """``model`` (in place) for latents whose channel c is divided by ``ratio[c]`` (a new VAE normalisation: ratio =
+    new ``latents_std`` / old): the patch embedding multiplies channel c's input weights by ``ratio[c]`` so it sees
+    the clean signal it saw before, and the output projection divides channel c's prediction by it. Exact for the
+    clean part of an input; the noise, drawn at unit variance in the new units, is not the noise the model was
+    trained on, so this is a warm start for training in the new units, not the same model."""
+    emb, out = model.patch_embedding, model.proj_out
+    if ratio.shape != (emb.in_channels,) or emb.in_channels != out.out_features or not bool((ratio > 0).all()):
+        raise ConfigError(f"Rescaling needs {emb.in_channels} positive channel ratios for a patch-1x1x1 DiT; got "
+                          f"{tuple(ratio.shape)} for {emb.in_channels} input and {out.out_features} output channels.")
+    r = ratio.to(emb.weight)
+    with torch.no_grad():
+        emb.weight.mul_(r.view(1, -1, 1, 1, 1))
+        out.weight.div_(r.view(-1, 1))
+        out.bias.div_(r)
+    return model
+
+
 def encode_clips(vae: PatchVAE, clips: torch.Tensor) -> torch.Tensor:
     """``[B, 33, H, W, 3]`` → normalized latents ``[B, 16, 9, h, w]``."""
     return torch.cat([vae.encode_video(c) for c in clips])
