@@ -1,4 +1,4 @@
-"""Where the toy target loses the caption's shape (issue 24, goal 1): three probes of one target file.
+"""Where the toy target loses the caption's shape (issue 24, goal 1): four probes of one target file.
 
     python bench/toy_shape_probe.py                                   # the committed target, default sampling
     python bench/toy_shape_probe.py --step-noise predicted --schedule "[[1000,900,800,700,600,500,400,300,200,100]]"
@@ -12,6 +12,11 @@
   steps of the flow ODE with the render's own shape word or another: how often the judge reads the asked word's shape
   and how often the render's shape survives — whether the model *draws* a shape word or only keeps the shape it is
   shown.
+- ``swap``: renders of held-out captions' scenes (one block, no context) noised to σ, the flow loss with the
+  caption's own words and with one attribute's word swapped for each other value (same noise): the relative rise in
+  loss per attribute and σ — how much the model's prediction relies on that word (0: not at all) — and, as its
+  scale (``<attr>:drawn``), the rise a model would show that drew the swapped word exactly in place (the latent MSE
+  between the scene and the same scene with the other word, over the own word's loss).
 - ``guided``: one block from noise by 10 ODE steps, the velocity pushed away from the other two shape words'
   (v + w·(v − mean of v for the other shape words), w in ``--weights``; a probe of whether the model's shape-word
   dependence points at the asked shape, not a sampler option: the engine samples without guidance, as Krea and
@@ -37,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dit", default=None, help="a toy target file (default: the committed one)")
-    p.add_argument("--probe", choices=("words", "noised", "guided", "both"), default="both",
+    p.add_argument("--probe", choices=("words", "noised", "guided", "swap", "both"), default="both",
                    help="both: words and noised")
     p.add_argument("--captions", type=int, default=12, help="held-out captions (spread over all 72)")
     p.add_argument("--seed", type=int, default=0)
@@ -61,6 +66,8 @@ def main(argv=None) -> int:
         report["words"] = words_probe(models, caps, a.seed, a.schedule, a.step_noise)
     if a.probe in ("noised", "both"):
         report["noised"] = noised_probe(models, caps, a.seed, [float(s) for s in a.sigmas.split(",")])
+    if a.probe == "swap":
+        report["swap"] = swap_probe(models, caps, a.seed, [float(s) for s in a.sigmas.split(",")])
     if a.probe == "guided":
         report["guided"] = {w: guided_probe(models, caps, a.seed, float(w)) for w in a.weights.split(",")}
     sys.stdout.write(json.dumps(report) + "\n")
@@ -142,6 +149,49 @@ def noised_probe(models, caps: list[str], seed: int, sigmas: list[float], steps:
                     hits[f"{sigma}/asked_other:drew_asked"].append(got == shape)
                     hits[f"{sigma}/asked_other:kept_render"].append(got == scene.shape)
     return {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())} | {"ode_steps": steps}
+
+
+def swap_probe(models, caps: list[str], seed: int, sigmas: list[float], scenes: int = 2) -> dict:
+    from sdvg.toy.world import render, sample_scene
+
+    dit, vae, te = models.target.eval(), models.vae, models.text_encoder
+    gen = torch.Generator().manual_seed(seed)
+    ctx: dict[str, torch.Tensor] = {}
+    rise = collections.defaultdict(list)
+    with torch.no_grad():
+        for caption in caps:
+            for _ in range(scenes):
+                scene = sample_scene(gen, frames=9, caption=caption)
+                x0 = vae.encode_video(render(scene, 9))
+                for sigma in sigmas:
+                    eps = torch.randn(x0.shape, generator=gen)
+                    x, t = (1 - sigma) * x0 + sigma * eps, torch.full((1, x0.shape[2]), sigma * 1000)
+                    losses = {c: _flow_error(dit, x, t, eps - x0, ctx.setdefault(
+                        c, dit.cross_attention(te.encode(c).float()))) for c in _swaps(scene, caption)}
+                    for c, (attr, word) in _swaps(scene, caption).items():
+                        if attr:
+                            rise[f"{sigma}/{attr}"].append(losses[c] / losses[caption] - 1)
+                            drawn = vae.encode_video(render(dataclasses.replace(scene, **{attr: word}), 9))
+                            rise[f"{sigma}/{attr}:drawn"].append(float((drawn - x0).square().mean()) / losses[caption])
+    return {k: round(sum(v) / len(v), 4) for k, v in sorted(rise.items())}
+
+
+def _swaps(scene, caption: str) -> dict[str, tuple[str | None, str | None]]:
+    """The caption (``(None, None)``) and every caption with one attribute's word swapped: ``(attribute, word)``."""
+    from sdvg.toy.world import ATTRIBUTES, BACKGROUNDS, DIRECTIONS, OBJECT_COLOURS, SHAPES, caption_of
+
+    values = {"background": BACKGROUNDS, "colour": OBJECT_COLOURS, "shape": SHAPES, "direction": DIRECTIONS}
+    words = {k: getattr(scene, k) for k in ATTRIBUTES}
+    out: dict[str, tuple[str | None, str | None]] = {caption: (None, None)}
+    for attr in ATTRIBUTES:
+        for other in values[attr]:
+            if other != words[attr]:
+                out[caption_of(**{**words, attr: other})] = (attr, other)
+    return out
+
+
+def _flow_error(dit, x: torch.Tensor, t: torch.Tensor, target: torch.Tensor, context: torch.Tensor) -> float:
+    return float((dit.forward_train(x, t, context).float() - target).square().mean())
 
 
 GUIDED_SIGMAS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)  # 10 ODE steps from pure noise

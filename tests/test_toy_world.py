@@ -626,6 +626,30 @@ def test_the_whitened_vae_carries_the_target_over_to_per_channel_units(tmp_path,
                   str(tmp_path / "other.safetensors")])
 
 
+def test_the_swap_probe_measures_how_much_the_target_relies_on_each_word(bench_script):
+    """bench/toy_shape_probe.py's swap probe: the caption and its 12 one-word swaps (each differs from it in exactly
+    the swapped attribute), and per attribute the loss rise of the swapped word beside the rise of drawing it; the
+    committed target relies on the background word far more than on the shape word."""
+    from sdvg.loaders import load_models
+    from sdvg.toy import TOY_DIR
+    from sdvg.toy.world import ATTRIBUTES, held_out_captions, parse_caption
+
+    mod = bench_script("toy_shape_probe")
+    caption = held_out_captions(1)[0]
+    scene = sample_scene(torch.Generator().manual_seed(0), frames=9, caption=caption)
+    swaps = mod._swaps(scene, caption)
+    assert len(swaps) == 13 and swaps[caption] == (None, None)
+    for c, (attr, word) in swaps.items():
+        if attr:
+            diff = {k for k in ATTRIBUTES if parse_caption(c)[k] != parse_caption(caption)[k]}
+            assert diff == {attr} and parse_caption(c)[attr] == word
+    models = load_models(TOY_DIR, need=("target", "vae", "text_encoder"), dit_device="cpu", aux_device="cpu",
+                         dtype="fp32")
+    got = mod.swap_probe(models, [caption], 0, [0.5], scenes=1)
+    assert set(got) == {f"0.5/{a}{x}" for a in ATTRIBUTES for x in ("", ":drawn")}
+    assert got["0.5/background"] > 10 * abs(got["0.5/shape"]) and got["0.5/shape:drawn"] > 0
+
+
 def test_toy_train_merges_its_stages_into_a_tree_stamp(tmp_path):
     """Training a stage into a tree keeps what the stamp says of everything else: the student named as the drafter,
     its own sampling, provenance entries, other stages; a retrained drafter takes the role back (and drops the
