@@ -17,6 +17,9 @@
   loss per attribute and σ — how much the model's prediction relies on that word (0: not at all) — and, as its
   scale (``<attr>:drawn``), the rise a model would show that drew the swapped word exactly in place (the latent MSE
   between the scene and the same scene with the other word, over the own word's loss).
+- ``text``: whether the text encoder's output carries each attribute where the DiT can read it: a ridge
+  classifier on one token position's embedding (each of the first 12), fitted on the 144 training captions, its
+  accuracy on the 72 held-out ones.
 - ``guided``: one block from noise by 10 ODE steps, the velocity pushed away from the other two shape words'
   (v + w·(v − mean of v for the other shape words), w in ``--weights``; a probe of whether the model's shape-word
   dependence points at the asked shape, not a sampler option: the engine samples without guidance, as Krea and
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dit", default=None, help="a toy target file (default: the committed one)")
-    p.add_argument("--probe", choices=("words", "noised", "guided", "swap", "both"), default="both",
+    p.add_argument("--probe", choices=("words", "noised", "guided", "swap", "text", "both"), default="both",
                    help="both: words and noised")
     p.add_argument("--captions", type=int, default=12, help="held-out captions (spread over all 72)")
     p.add_argument("--seed", type=int, default=0)
@@ -68,6 +71,8 @@ def main(argv=None) -> int:
         report["noised"] = noised_probe(models, caps, a.seed, [float(s) for s in a.sigmas.split(",")])
     if a.probe == "swap":
         report["swap"] = swap_probe(models, caps, a.seed, [float(s) for s in a.sigmas.split(",")])
+    if a.probe == "text":
+        report["text"] = text_probe(models.text_encoder)
     if a.probe == "guided":
         report["guided"] = {w: guided_probe(models, caps, a.seed, float(w)) for w in a.weights.split(",")}
     sys.stdout.write(json.dumps(report) + "\n")
@@ -192,6 +197,26 @@ def _swaps(scene, caption: str) -> dict[str, tuple[str | None, str | None]]:
 
 def _flow_error(dit, x: torch.Tensor, t: torch.Tensor, target: torch.Tensor, context: torch.Tensor) -> float:
     return float((dit.forward_train(x, t, context).float() - target).square().mean())
+
+
+def text_probe(te, positions: int = 12, ridge: float = 0.1) -> dict:
+    from sdvg.toy.world import ATTRIBUTES, held_out_captions, parse_caption, train_captions
+
+    split = {"train": train_captions(), "held_out": held_out_captions()}
+    with torch.no_grad():
+        tokens = {k: torch.stack([te.encode(c).float()[0, :positions] for c in caps]) for k, caps in split.items()}
+    out = {}
+    for attr in ATTRIBUTES:
+        values = sorted({parse_caption(c)[attr] for c in split["train"]})
+        label = {k: torch.tensor([values.index(parse_caption(c)[attr]) for c in caps]) for k, caps in split.items()}
+        accuracy = []
+        for p in range(positions):
+            x = {k: torch.cat([t[:, p], torch.ones(len(t), 1)], 1) for k, t in tokens.items()}
+            y = torch.nn.functional.one_hot(label["train"], len(values)).float()
+            w = torch.linalg.solve(x["train"].T @ x["train"] + ridge * torch.eye(x["train"].shape[1]), x["train"].T @ y)
+            accuracy.append(round(float(((x["held_out"] @ w).argmax(1) == label["held_out"]).float().mean()), 3))
+        out[attr] = {"chance": round(1 / len(values), 3), "held_out_accuracy_by_position": accuracy}
+    return out
 
 
 GUIDED_SIGMAS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)  # 10 ODE steps from pure noise

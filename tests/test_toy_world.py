@@ -629,7 +629,8 @@ def test_the_whitened_vae_carries_the_target_over_to_per_channel_units(tmp_path,
 def test_the_swap_probe_measures_how_much_the_target_relies_on_each_word(bench_script):
     """bench/toy_shape_probe.py's swap probe: the caption and its 12 one-word swaps (each differs from it in exactly
     the swapped attribute), and per attribute the loss rise of the swapped word beside the rise of drawing it; the
-    committed target relies on the background word far more than on the shape word."""
+    committed target relies on the background word far more than on the shape word. The text probe: a linear read of
+    the shape word from one token, fitted on training captions, is right on held-out ones."""
     from sdvg.loaders import load_models
     from sdvg.toy import TOY_DIR
     from sdvg.toy.world import ATTRIBUTES, held_out_captions, parse_caption
@@ -648,6 +649,9 @@ def test_the_swap_probe_measures_how_much_the_target_relies_on_each_word(bench_s
     got = mod.swap_probe(models, [caption], 0, [0.5], scenes=1)
     assert set(got) == {f"0.5/{a}{x}" for a in ATTRIBUTES for x in ("", ":drawn")}
     assert got["0.5/background"] > 10 * abs(got["0.5/shape"]) and got["0.5/shape:drawn"] > 0
+    text = mod.text_probe(models.text_encoder, positions=4)  # every word is linearly readable on held-out captions
+    assert set(text) == set(ATTRIBUTES) and all(len(v["held_out_accuracy_by_position"]) == 4 for v in text.values())
+    assert min(text["shape"]["held_out_accuracy_by_position"]) > 0.9 > text["shape"]["chance"]
 
 
 def test_toy_train_merges_its_stages_into_a_tree_stamp(tmp_path):
