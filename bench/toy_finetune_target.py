@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     out = Path(a.out)
     work = default_work_dir(out)
+    ratio = _channel_ratio(a.base_vae or TOY_DIR / FILES["vae"], a.vae) if a.vae else None  # before anything is written
     if not out.exists():
         shutil.copytree(TOY_DIR, out, ignore=shutil.ignore_patterns(Path(FILES["target"]).name))
         if a.vae:
@@ -66,7 +67,6 @@ def main(argv=None) -> int:
     if a.layers is not None:
         spec = replace(spec, layers=a.layers)
     if not (work / BASE_TARGET).exists():
-        ratio = _channel_ratio(a.base_vae or TOY_DIR / FILES["vae"], a.vae) if a.vae else None
         _write_base(a.base, work / BASE_TARGET, spec, a.seed, ratio)
     settings = DiTTrainSettings(steps=a.steps, batch=a.batch, lr=a.lr, warmup=100, seed=a.seed,
                                 object_weight=a.object_weight, edge_weight=a.edge_weight,
@@ -104,7 +104,9 @@ def _channel_ratio(old_vae, new_vae):
 
     old, new = (load_patch_vae(v, device="cpu").model for v in (old_vae, new_vae))
     if not torch.equal(old.group_basis, new.group_basis) or not torch.equal(old.first_basis, new.first_basis):
-        raise SystemExit(f"{new_vae} and {old_vae} have different bases: a DiT cannot be carried between them.")
+        sys.stderr.write(f"{new_vae} and {old_vae} have different bases: a DiT cannot be carried between them; "
+                         "pass --base-vae, the VAE the base was trained with.\n")
+        raise SystemExit(2)
     return (new.latents_std / old.latents_std).detach()
 
 

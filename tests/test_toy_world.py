@@ -588,7 +588,7 @@ def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_whitened_vae_carries_the_target_over_to_per_channel_units(tmp_path, bench_script):
+def test_the_whitened_vae_carries_the_target_over_to_per_channel_units(tmp_path, bench_script, capsys):
     """bench/toy_whiten_vae.py keeps the committed bases and sets one std per channel (measured, so the first
     component's is the largest); toy_finetune_target.py --vae puts that file in the new tree and starts from the
     committed target rescaled by new std / old std (``rescaled_channels``); a VAE with other bases is refused."""
@@ -621,9 +621,10 @@ def test_the_whitened_vae_carries_the_target_over_to_per_channel_units(tmp_path,
     assert all(torch.equal(v, started[k]) for k, v in load_dit(want, dtype="fp32", device="cpu").state_dict().items())
     other = dict(new, **{"group.basis": new["group.basis"].flip(0)})
     write_patch_vae(other, tmp_path / "other.safetensors")
-    with pytest.raises(SystemExit, match="different bases"):
+    with pytest.raises(SystemExit) as exc:
         mod.main(["--base", str(base), "--out", str(tmp_path / "ft2"), "--steps", "1", "--vae",
                   str(tmp_path / "other.safetensors")])
+    assert exc.value.code == 2 and "different bases" in capsys.readouterr().err and not (tmp_path / "ft2").exists()
 
 
 def test_the_swap_probe_measures_how_much_the_target_relies_on_each_word(bench_script):
