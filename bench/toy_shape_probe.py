@@ -168,16 +168,18 @@ def swap_probe(models, caps: list[str], seed: int, sigmas: list[float], scenes: 
             for _ in range(scenes):
                 scene = sample_scene(gen, frames=9, caption=caption)
                 x0 = vae.encode_video(render(scene, 9))
+                swaps = _swaps(scene, caption)
+                drawn = {c: float((vae.encode_video(render(dataclasses.replace(scene, **{attr: word}), 9)) - x0)
+                                  .square().mean()) for c, (attr, word) in swaps.items() if attr}
                 for sigma in sigmas:
                     eps = torch.randn(x0.shape, generator=gen)
                     x, t = (1 - sigma) * x0 + sigma * eps, torch.full((1, x0.shape[2]), sigma * 1000)
                     losses = {c: _flow_error(dit, x, t, eps - x0, ctx.setdefault(
-                        c, dit.cross_attention(te.encode(c).float()))) for c in _swaps(scene, caption)}
-                    for c, (attr, word) in _swaps(scene, caption).items():
+                        c, dit.cross_attention(te.encode(c).float()))) for c in swaps}
+                    for c, (attr, _) in swaps.items():
                         if attr:
                             rise[f"{sigma}/{attr}"].append(losses[c] / losses[caption] - 1)
-                            drawn = vae.encode_video(render(dataclasses.replace(scene, **{attr: word}), 9))
-                            rise[f"{sigma}/{attr}:drawn"].append(float((drawn - x0).square().mean()) / losses[caption])
+                            rise[f"{sigma}/{attr}:drawn"].append(drawn[c] / losses[caption])
     return {k: round(sum(v) / len(v), 4) for k, v in sorted(rise.items())}
 
 

@@ -30,14 +30,13 @@ def main(argv=None) -> int:
     import torch
 
     from sdvg.loaders.patch_vae import load_patch_vae, write_patch_vae
-    from sdvg.models.patch_vae import KEYS, channel_variances
+    from sdvg.models.patch_vae import channel_variances
     from sdvg.toy import TOY_DIR
     from sdvg.toy.train import FILES
     from sdvg.toy.world import CLIP_FRAMES, render_batch, train_captions
 
     src = a.vae or TOY_DIR / FILES["vae"]
-    model = load_patch_vae(src, device="cpu").model
-    tensors = {k: getattr(model, k.replace(".", "_")).detach().clone() for k in KEYS}
+    tensors = load_patch_vae(src, device="cpu").tensors()
     clips, _ = render_batch(torch.Generator().manual_seed(a.seed), a.clips, CLIP_FRAMES, pool=train_captions())
     std = channel_variances(tensors, clips).sqrt()
     tensors["latents_std"] = std
