@@ -6,6 +6,11 @@ settings from the command line).
     python bench/toy_finetune_target.py --base ... --out out/ft_pairs --object-weight 8 --shape-pairs --shape-contrast 0.3
     python bench/toy_finetune_target.py --base ... --out out/ft_deep --object-weight 8 --shape-pairs --layers 6
     python bench/toy_finetune_target.py --base ... --out out/ft_white --object-weight 8 --vae out/white_vae.safetensors
+    python bench/toy_finetune_target.py --scratch --heads 4 --head-dim 32 --out out/scratch_h4 --steps 5000 --lr 4e-4
+
+``--scratch`` trains a target from random weights (the ``target`` stage, the committed target's architecture with
+``--heads`` / ``--head-dim`` / ``--layers`` changed) instead of fine-tuning ``--base``; its EMA is exported to
+``<out>/checkpoints/sdvg_toy_target.safetensors`` as it goes.
 
 ``--out`` becomes a models tree (the committed tree's other files copied in, without a target); the fine-tune's
 state lives in ``<out>_work`` (rerun the same command to resume it exactly), its EMA is exported to
@@ -27,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True, help="the target file to start from (Krea's layout)")
+    start = p.add_mutually_exclusive_group(required=True)
+    start.add_argument("--base", help="the target file to start from (Krea's layout)")
+    start.add_argument("--scratch", action="store_true", help="train from random weights (seeded by --seed)")
     p.add_argument("--out", required=True, help="a new models tree for the result")
     p.add_argument("--steps", type=int, default=2500)
     p.add_argument("--batch", type=int, default=8)
@@ -41,13 +48,19 @@ def main(argv=None) -> int:
                    help="lambda in [0, 1): minus lambda x the error against the pair's other shape (needs --shape-pairs)")
     p.add_argument("--layers", type=int, default=None,
                    help="deepen the base to this many layers first (appended blocks with zero output projections: "
-                   "the same function at step 0)")
+                   "the same function at step 0); with --scratch: the number of blocks")
+    p.add_argument("--heads", type=int, default=None, help="with --scratch: attention heads (default: the committed 2)")
+    p.add_argument("--head-dim", type=int, default=None, help="with --scratch: width of a head (default: 64)")
     p.add_argument("--vae", default=None,
                    help="train in this patch latent file's units (bench/toy_whiten_vae.py): it replaces the tree's "
                    "VAE and the base is rescaled to it from --base-vae's units (dit_train.rescaled_channels)")
     p.add_argument("--base-vae", default=None, help="the VAE the base was trained with (default: the committed one)")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
+    if not a.scratch and (a.heads or a.head_dim):
+        p.error("--heads and --head-dim change the architecture: they need --scratch")
+    if a.scratch and a.vae:
+        p.error("--vae carries a base into new units: with --scratch, train in the tree's own VAE")
     import torch
 
     from sdvg.toy import TOY_DIR
@@ -64,15 +77,17 @@ def main(argv=None) -> int:
             shutil.copyfile(a.vae, out / FILES["vae"])
     work.mkdir(parents=True, exist_ok=True)
     spec = ToyTrainConfig().target
-    if a.layers is not None:
-        spec = replace(spec, layers=a.layers)
-    if not (work / BASE_TARGET).exists():
+    changes = {"layers": a.layers, "heads": a.heads, "head_dim": a.head_dim}
+    spec = replace(spec, **{k: v for k, v in changes.items() if v is not None})
+    if not a.scratch and not (work / BASE_TARGET).exists():
         _write_base(a.base, work / BASE_TARGET, spec, a.seed, ratio)
     settings = DiTTrainSettings(steps=a.steps, batch=a.batch, lr=a.lr, warmup=100, seed=a.seed,
                                 object_weight=a.object_weight, edge_weight=a.edge_weight,
                                 shape_pairs=a.shape_pairs, shape_contrast=a.shape_contrast)
     command = "python bench/toy_finetune_target.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    paths = train_toy(out, work, config=ToyTrainConfig(target=spec, target_finetune=settings), stages=("target_ft",),
+    config = (ToyTrainConfig(target=spec, target_train=settings, target_finetune=None) if a.scratch
+              else ToyTrainConfig(target=spec, target_finetune=settings))
+    paths = train_toy(out, work, config=config, stages=("target",) if a.scratch else ("target_ft",),
                       progress=_progress, command=command)
     sys.stdout.write(json.dumps({"target": str(paths["target"])}) + "\n")
     return 0

@@ -588,6 +588,28 @@ def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_finetune_bench_trains_a_target_from_scratch_in_another_head_layout(tmp_path, bench_script, capsys):
+    """bench/toy_finetune_target.py --scratch: the target stage from random weights with the heads changed (4 × 32
+    instead of 2 × 64, the same width); the file loads with 4 heads, its EMA export is in the tree's checkpoints, the
+    stamp records the spec and settings; --heads without --scratch is refused (exit 2) before anything is written."""
+    from sdvg.loaders.wan import load_dit
+
+    mod = bench_script("toy_finetune_target")
+    out = tmp_path / "scratch"
+    assert mod.main(["--scratch", "--heads", "4", "--head-dim", "32", "--out", str(out), "--steps", "1", "--batch",
+                     "2", "--seed", "7", "--object-weight", "8"]) == 0
+    model = load_dit(out / "diffusion_models" / "sdvg_toy_target.safetensors", dtype="fp32", device="cpu")
+    assert (model.num_heads, model.head_dim) == (4, 32)
+    assert (out / "checkpoints" / "sdvg_toy_target.safetensors").is_file()
+    stage = json.loads((out / "sdvg_toy.json").read_text())["stages"]["target"]
+    assert (stage["spec"]["heads"], stage["spec"]["head_dim"], stage["steps"]) == (4, 32, 1)
+    assert (stage["settings"]["seed"], stage["settings"]["object_weight"]) == (7, 8.0)
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--base", str(out / "diffusion_models" / "sdvg_toy_target.safetensors"), "--heads", "4",
+                  "--out", str(tmp_path / "no")])
+    assert exc.value.code == 2 and "need --scratch" in capsys.readouterr().err and not (tmp_path / "no").exists()
+
+
 def test_the_whitened_vae_carries_the_target_over_to_per_channel_units(tmp_path, bench_script, capsys):
     """bench/toy_whiten_vae.py keeps the committed bases and sets one std per channel (measured, so the first
     component's is the largest); toy_finetune_target.py --vae puts that file in the new tree and starts from the
