@@ -7,10 +7,12 @@ settings from the command line).
     python bench/toy_finetune_target.py --base ... --out out/ft_deep --object-weight 8 --shape-pairs --layers 6
     python bench/toy_finetune_target.py --base ... --out out/ft_white --object-weight 8 --vae out/white_vae.safetensors
     python bench/toy_finetune_target.py --scratch --heads 4 --head-dim 32 --out out/scratch_h4 --steps 5000 --lr 4e-4
+    python bench/toy_finetune_target.py --scratch --heads 4 --head-dim 32 --vae out/white_vae.safetensors --out out/scratch_h4w
 
 ``--scratch`` trains a target from random weights (the ``target`` stage, the committed target's architecture with
 ``--heads`` / ``--head-dim`` / ``--layers`` changed) instead of fine-tuning ``--base``; its EMA is exported to
-``<out>/checkpoints/sdvg_toy_target.safetensors`` as it goes.
+``<out>/checkpoints/sdvg_toy_target.safetensors`` as it goes. With ``--vae`` it trains in that latent file's units
+from the start (the file replaces the tree's VAE; there is no base to rescale).
 
 ``--out`` becomes a models tree (the committed tree's other files copied in, without a target); the fine-tune's
 state lives in ``<out>_work`` (rerun the same command to resume it exactly), its EMA is exported to
@@ -53,14 +55,15 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=None, help="with --scratch: width of a head (default: 64)")
     p.add_argument("--vae", default=None,
                    help="train in this patch latent file's units (bench/toy_whiten_vae.py): it replaces the tree's "
-                   "VAE and the base is rescaled to it from --base-vae's units (dit_train.rescaled_channels)")
+                   "VAE and the base is rescaled to it from --base-vae's units (dit_train.rescaled_channels); with "
+                   "--scratch the target trains in these units from the start")
     p.add_argument("--base-vae", default=None, help="the VAE the base was trained with (default: the committed one)")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     if not a.scratch and (a.heads or a.head_dim):
         p.error("--heads and --head-dim change the architecture: they need --scratch")
-    if a.scratch and a.vae:
-        p.error("--vae carries a base into new units: with --scratch, train in the tree's own VAE")
+    if a.scratch and a.base_vae:
+        p.error("--base-vae names the units of --base: with --scratch there is no base to carry over")
     import torch
 
     from sdvg.toy import TOY_DIR
@@ -70,7 +73,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     out = Path(a.out)
     work = default_work_dir(out)
-    ratio = _channel_ratio(a.base_vae or TOY_DIR / FILES["vae"], a.vae) if a.vae else None  # before anything is written
+    ratio = (_channel_ratio(a.base_vae or TOY_DIR / FILES["vae"], a.vae)  # checked before anything is written
+             if a.vae and not a.scratch else None)
     if not out.exists():
         shutil.copytree(TOY_DIR, out, ignore=shutil.ignore_patterns(Path(FILES["target"]).name))
         if a.vae:

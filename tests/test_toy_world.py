@@ -591,8 +591,14 @@ def test_the_finetune_bench_makes_a_tree_with_its_settings_in_the_stamp(tmp_path
 def test_the_finetune_bench_trains_a_target_from_scratch_in_another_head_layout(tmp_path, bench_script, capsys):
     """bench/toy_finetune_target.py --scratch: the target stage from random weights with the heads changed (4 × 32
     instead of 2 × 64, the same width); the file loads with 4 heads, its EMA export is in the tree's checkpoints, the
-    stamp records the spec and settings; --heads without --scratch is refused (exit 2) before anything is written."""
+    stamp records the spec and settings; --heads without --scratch is refused (exit 2) before anything is written.
+    With --vae it trains in that file's units (the tree holds it); --base-vae has no base to name and is refused."""
+    from safetensors.torch import load_file
+
+    from sdvg.loaders.patch_vae import write_patch_vae
     from sdvg.loaders.wan import load_dit
+    from sdvg.toy import TOY_DIR
+    from sdvg.toy.train import FILES
 
     mod = bench_script("toy_finetune_target")
     out = tmp_path / "scratch"
@@ -608,6 +614,14 @@ def test_the_finetune_bench_trains_a_target_from_scratch_in_another_head_layout(
         mod.main(["--base", str(out / "diffusion_models" / "sdvg_toy_target.safetensors"), "--heads", "4",
                   "--out", str(tmp_path / "no")])
     assert exc.value.code == 2 and "need --scratch" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    tensors = load_file(str(TOY_DIR / FILES["vae"]))
+    units = tmp_path / "units.safetensors"
+    write_patch_vae(dict(tensors, latents_std=tensors["latents_std"] * torch.linspace(2.0, 0.5, 16)), units)
+    assert mod.main(["--scratch", "--vae", str(units), "--out", str(tmp_path / "w"), "--steps", "1", "--batch", "2"]) == 0
+    assert (tmp_path / "w" / FILES["vae"]).read_bytes() == units.read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--scratch", "--vae", str(units), "--base-vae", str(units), "--out", str(tmp_path / "no")])
+    assert exc.value.code == 2 and "no base" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_the_whitened_vae_carries_the_target_over_to_per_channel_units(tmp_path, bench_script, capsys):
